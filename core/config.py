@@ -1,0 +1,163 @@
+"""Configuration dataclasses and the one place they are built from flags and env.
+
+Precedence, highest first: an explicit CLI flag (or request field), then the
+``SPECGATE_<FIELD>`` environment variable (field name upper-cased, e.g.
+``SPECGATE_MASS=0.9``, ``SPECGATE_TARGET=/m/t.gguf``), then the default below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from core.errors import ConfigError
+
+SELECT_MODES = ("mass", "chunk")
+POSITION_MODES = ("original", "compact")
+GUARD_MODES = ("skip", "conservative")
+DEFAULT_GUARD_KEYWORDS = (
+    '"function"', '"tool"', "function", "tool_call", "<tools>", "get_", "set_",
+    "search_", "create_", "update_", "delete_", "list_", "run_",
+)
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+@dataclass(slots=True, frozen=True)
+class PolicyConfig:
+    """SpecPrefill policy: scoring, selection, guard and break-even knobs."""
+
+    enabled: bool = True
+    lookahead: int = 8
+    pool_kernel: int = 13
+    chunk_size: int = 32
+    select_mode: str = "mass"
+    mass: float = 0.85
+    keep_fraction: float = 0.3
+    keep_first: int = 4
+    keep_last: int = 2
+    max_keep: int = 0  # 0 = no cap
+    boost_first_n: int = 64
+    boost_first_mult: float = 1.5
+    boost_last_n: int = 128
+    boost_last_mult: float = 1.3
+    position_mode: str = "original"
+    min_tokens: int = 1024
+    break_even: bool = True
+    safety: float = 1.2
+    guard_mode: str = "skip"
+    guard_scan_tokens: int = 256
+    guard_keywords: tuple[str, ...] = DEFAULT_GUARD_KEYWORDS
+
+    def __post_init__(self) -> None:
+        _require(self.lookahead >= 0, f"lookahead must be >= 0, got {self.lookahead}")
+        _require(self.pool_kernel >= 0, f"pool_kernel must be >= 0, got {self.pool_kernel}")
+        _require(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")
+        _require(self.select_mode in SELECT_MODES, f"select_mode must be one of {SELECT_MODES}, got {self.select_mode!r}")
+        _require(0.0 < self.mass <= 1.0, f"mass must be in (0, 1], got {self.mass}")
+        _require(0.0 < self.keep_fraction <= 1.0, f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
+        _require(self.keep_first >= 0 and self.keep_last >= 1, "keep_first must be >= 0 and keep_last >= 1")
+        _require(self.max_keep >= 0, f"max_keep must be >= 0, got {self.max_keep}")
+        _require(self.boost_first_mult > 0 and self.boost_last_mult > 0, "boost multipliers must be > 0")
+        _require(self.boost_first_n >= 0 and self.boost_last_n >= 0, "boost spans must be >= 0")
+        _require(self.position_mode in POSITION_MODES, f"position_mode must be one of {POSITION_MODES}, got {self.position_mode!r}")
+        _require(self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}")
+        _require(self.safety > 0, f"safety must be > 0, got {self.safety}")
+        _require(self.guard_mode in GUARD_MODES, f"guard_mode must be one of {GUARD_MODES}, got {self.guard_mode!r}")
+        _require(self.guard_scan_tokens >= 0, "guard_scan_tokens must be >= 0")
+
+
+@dataclass(slots=True, frozen=True)
+class EngineConfig:
+    """Model files and llama.cpp context settings."""
+
+    target: str = ""
+    speculator: str = ""
+    n_ctx: int = 8192
+    spec_n_ctx: int = 0  # 0 = same as n_ctx
+    n_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    n_batch: int = 512
+    n_ubatch: int = 512
+    target_flash_attn: bool = True
+    calibrate_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
+        _require(self.spec_n_ctx >= 0, f"spec_n_ctx must be >= 0, got {self.spec_n_ctx}")
+        _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")
+        _require(1 <= self.n_ubatch <= self.n_batch, "need 1 <= n_ubatch <= n_batch")
+        _require(self.calibrate_tokens >= 0, "calibrate_tokens must be >= 0")
+
+    @property
+    def speculator_n_ctx(self) -> int:
+        return self.spec_n_ctx or self.n_ctx
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    """Per-request decoding parameters (OpenAI names where they exist)."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
+        _require(0.0 <= self.temperature <= 5.0, f"temperature must be in [0, 5], got {self.temperature}")
+        _require(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        _require(self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}")
+        _require(len(self.stop) <= 8 and all(isinstance(s, str) and s for s in self.stop),
+                 "stop must be at most 8 non-empty strings")
+
+
+T = TypeVar("T")
+
+
+def _convert(name: str, raw: Any, default: Any) -> Any:
+    if isinstance(raw, str) and not isinstance(default, str):
+        try:
+            if isinstance(default, bool):
+                if raw.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if raw.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(raw)
+            if isinstance(default, int):
+                return int(raw)
+            if isinstance(default, float):
+                return float(raw)
+            if isinstance(default, tuple):
+                return tuple(s for s in raw.split(",") if s)
+        except ValueError:
+            raise ConfigError(f"{name}: cannot read {raw!r} as {type(default).__name__}") from None
+    return raw
+
+
+def build(cls: type[T], flags: Mapping[str, Any] | None = None,
+          env: Mapping[str, str] | None = None) -> T:
+    """Build ``cls`` from flags (non-None wins), then SPECGATE_* env, then defaults."""
+    flags = flags or {}
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if flags.get(f.name) is not None:
+            values[f.name] = _convert(f"--{f.name.replace('_', '-')}", flags[f.name], default)
+        elif (key := f"SPECGATE_{f.name.upper()}") in env:
+            values[f.name] = _convert(key, env[key], default)
+    return cls(**values)
+
+
+def override(base: T, **changes: Any) -> T:
+    """A copy of ``base`` with the non-None ``changes`` applied (and validated)."""
+    real = {k: v for k, v in changes.items() if v is not None}
+    return dataclasses.replace(base, **real) if real else base  # type: ignore[type-var]

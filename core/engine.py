@@ -1,0 +1,208 @@
+"""The engine: speculator + target, and one request's flow through them.
+
+    prompt -> plan (guards, break-even) -> score -> select -> prefill -> decode
+
+All methods run on the caller's thread; the gateway calls them only from the
+model worker thread (core.worker), never from the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core import guard as tool_guard
+from core import planner
+from core.config import EngineConfig, PolicyConfig, SamplingParams
+from core.decode import Generation, OnText, generate
+from core.errors import EmptyPrompt, PromptTooLong, VocabMismatch
+from core.llama_bindings import AttentionCapture, Context, Model
+from core.prefill import dense_prefill, sparse_prefill
+from core.prompt import Prompt
+from core.scoring import importance
+from core.selection import runs, select_tokens
+
+VOCAB_PROBE = "SpecGate probe: fn get_weather(city) -> {\"temp\": 21.5} 東京 ✓"
+CALIBRATION_TEXT = (
+    "The quick brown fox jumps over the lazy dog while the committee reviews the "
+    "quarterly report on distributed systems, caching layers and network latency. "
+)
+
+
+@dataclass(slots=True)
+class Timings:
+    status: str = planner.Status.DISABLED.value
+    reason: str = ""
+    position_mode: str = "original"
+    n_prompt: int = 0
+    n_kept: int = 0
+    n_runs: int = 0
+    spec_prefill_ms: float = 0.0
+    lookahead_ms: float = 0.0
+    scoring_ms: float = 0.0
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0
+    decode_ms: float = 0.0
+    n_predicted: int = 0
+
+    @property
+    def kept_pct(self) -> float:
+        return 100.0 * self.n_kept / self.n_prompt if self.n_prompt else 0.0
+
+
+@dataclass(slots=True)
+class Result:
+    text: str
+    finish_reason: str
+    tokens: list[int]
+    timings: Timings
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def check_same_vocab(a: Model, b: Model) -> None:
+    if a.n_vocab != b.n_vocab:
+        raise VocabMismatch(f"vocabularies differ: {a.path.name} has {a.n_vocab} tokens, "
+                            f"{b.path.name} has {b.n_vocab}")
+    if a.tokenize(VOCAB_PROBE) != b.tokenize(VOCAB_PROBE):
+        raise VocabMismatch(f"{a.path.name} and {b.path.name} tokenize the same text differently")
+
+
+class Engine:
+    """Owns both models and their contexts; one request at a time."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.target = Model(config.target)
+        try:
+            self.speculator = Model(config.speculator)
+        except Exception:
+            self.target.close()
+            raise
+        try:
+            check_same_vocab(self.speculator, self.target)
+            self.capture = AttentionCapture(self.speculator.n_layer)
+            common = dict(n_batch=config.n_batch, n_ubatch=config.n_ubatch, n_threads=config.n_threads)
+            self.target_ctx = Context(self.target, n_ctx=config.n_ctx,
+                                      flash_attn=config.target_flash_attn, **common)
+            self.spec_ctx = Context(self.speculator, n_ctx=config.speculator_n_ctx,
+                                    flash_attn=False, capture=self.capture, **common)
+        except Exception:
+            self.close()
+            raise
+        self.speeds = planner.Throughput()
+        if config.calibrate_tokens:
+            self.calibrate(config.calibrate_tokens)
+
+    def close(self) -> None:
+        for obj in ("spec_ctx", "target_ctx"):
+            if hasattr(self, obj):
+                getattr(self, obj).close()
+        self.speculator.close()
+        self.target.close()
+
+    # -- measurement --------------------------------------------------------
+    def calibrate(self, n_tokens: int) -> None:
+        """Measure both models' prefill speed and one speculator step on this machine."""
+        text = CALIBRATION_TEXT * (n_tokens // 20 + 2)
+        tokens = self.target.tokenize(text, add_special=False)[:n_tokens]
+        for ctx, observe in ((self.spec_ctx, self.speeds.observe_spec_prefill),
+                             (self.target_ctx, self.speeds.observe_target_prefill)):
+            ctx.clear()
+            t0 = time.perf_counter()
+            ctx.decode(tokens, 0)
+            observe(len(tokens), time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        self.capture.start(len(tokens))
+        self.spec_ctx.decode([tokens[0]], len(tokens))
+        self.capture.stop()
+        self.speeds.observe_spec_step(time.perf_counter() - t0)
+        self.spec_ctx.clear()
+        self.target_ctx.clear()
+
+    # -- one request ----------------------------------------------------------
+    def check_prompt(self, prompt: Prompt) -> None:
+        n = len(prompt)
+        if n == 0:
+            raise EmptyPrompt("the prompt is empty")
+        limit = min(self.target_ctx.n_ctx, self.spec_ctx.n_ctx) - 1
+        if n > limit:
+            raise PromptTooLong(n, limit)
+
+    def plan(self, prompt: Prompt, policy: PolicyConfig) -> planner.Plan:
+        n_head = min(policy.guard_scan_tokens, len(prompt))
+        head = self.target.detokenize(prompt.tokens[:n_head], special=True)
+        verdict = tool_guard.inspect(prompt, head, n_head, policy.guard_keywords)
+        return planner.plan(len(prompt), len(prompt), policy, verdict, self.speeds)
+
+    def score(self, tokens: tuple[int, ...], policy: PolicyConfig, t: Timings) -> np.ndarray:
+        """Speculator prefill without capture, then the last prompt token's row and
+        ``lookahead`` greedy steps with capture; returns per-token importance."""
+        ctx, n = self.spec_ctx, len(tokens)
+        ctx.clear()
+        t0 = time.perf_counter()
+        if n > 1:
+            ctx.decode(tokens[:-1], 0, logits_last=False)
+        t1 = time.perf_counter()
+        steps = []
+        tok = tokens[-1]
+        for step in range(policy.lookahead + 1):
+            pos = n - 1 + step
+            if pos >= ctx.n_ctx:
+                break
+            self.capture.start(n)
+            ctx.decode([tok], pos)
+            steps.append(self.capture.stop())
+            tok = int(np.argmax(ctx.logits()))
+        t2 = time.perf_counter()
+        t.spec_prefill_ms = (t1 - t0) * 1e3
+        t.lookahead_ms = (t2 - t1) * 1e3
+        self.speeds.observe_spec_prefill(n - 1, t1 - t0)
+        self.speeds.observe_spec_step((t2 - t1) / max(1, len(steps)))
+        return importance(steps, n, policy.pool_kernel, policy.boost_first_n, policy.boost_first_mult,
+                          policy.boost_last_n, policy.boost_last_mult)
+
+    def select(self, scores: np.ndarray, policy: PolicyConfig,
+               protected: tuple[tuple[int, int], ...]) -> np.ndarray:
+        return select_tokens(scores, chunk=policy.chunk_size, mode=policy.select_mode,
+                             mass=policy.mass, fraction=policy.keep_fraction,
+                             keep_first=policy.keep_first, keep_last=policy.keep_last,
+                             max_keep=policy.max_keep, protected=protected)
+
+    def run(self, prompt: Prompt, policy: PolicyConfig, sampling: SamplingParams,
+            on_text: OnText | None = None) -> Result:
+        self.check_prompt(prompt)
+        t_start = time.perf_counter()
+        tokens, n = prompt.tokens, len(prompt)
+        t = Timings(position_mode=policy.position_mode, n_prompt=n)
+        decision = self.plan(prompt, policy)
+        t.status, t.reason = decision.status.value, decision.reason
+        kept = np.arange(n)
+        if decision.score:
+            scores = self.score(tokens, policy, t)
+            kept = self.select(scores, policy, decision.protected)
+            t.scoring_ms = (time.perf_counter() - t_start) * 1e3
+            self.speeds.observe_kept(kept.size / n)
+            if kept.size == n:
+                t.status, t.reason = planner.Status.KEPT_ALL.value, "selection kept every token"
+        t.n_kept, t.n_runs = int(kept.size), len(runs(kept))
+        gen = self._prefill_and_decode(tokens, kept, policy.position_mode, sampling, on_text, t)
+        t.ttft_ms = t.scoring_ms + t.prefill_ms + gen.first_token_s * 1e3
+        return Result(gen.text, gen.finish_reason, gen.tokens, t, kept)
+
+    def _prefill_and_decode(self, tokens: tuple[int, ...], kept: np.ndarray, mode: str,
+                            sampling: SamplingParams, on_text: OnText | None, t: Timings) -> Generation:
+        ctx = self.target_ctx
+        ctx.clear()
+        t0 = time.perf_counter()
+        if kept.size == len(tokens):
+            n_past = dense_prefill(ctx, tokens, 0)
+        else:
+            n_past = sparse_prefill(ctx, tokens, kept, mode, 0)
+        t.prefill_ms = (time.perf_counter() - t0) * 1e3
+        self.speeds.observe_target_prefill(int(kept.size), t.prefill_ms / 1e3)
+        gen = generate(ctx, n_past, sampling, on_text)
+        t.decode_ms = gen.decode_s * 1e3
+        t.n_predicted = len(gen.tokens)
+        return gen

@@ -1,0 +1,107 @@
+"""The one exception tree of SpecGate.
+
+Every error SpecGate raises on purpose derives from :class:`SpecGateError`.
+Each subclass carries the HTTP status and the stable machine-readable ``code``
+that the gateway puts in its error responses, so the mapping to HTTP/WS
+errors lives in exactly one place (the class attributes below).
+
+    SpecGateError
+    ├── ConfigError            invalid configuration or request parameters (400)
+    │   └── InvalidRequest     malformed request body or messages (400)
+    ├── ModelError             a model file cannot be used (500 at load time)
+    │   ├── ModelFileError     missing, unreadable or not GGUF
+    │   └── VocabMismatch      speculator and target do not share a tokenizer
+    ├── PromptError            the prompt itself cannot be served (400)
+    │   ├── EmptyPrompt
+    │   └── PromptTooLong      more tokens than the context holds (names both)
+    ├── EngineError            llama.cpp refused an operation (500)
+    ├── SessionNotFound        unknown session id (404)
+    ├── SessionBusy            a turn is already running for the session (409)
+    ├── QueueFull              the admission queue is full (429)
+    ├── StoreUnavailable       the metadata store (Redis) cannot be reached (503)
+    └── FetchError             a model package could not be fetched or verified
+"""
+
+from __future__ import annotations
+
+
+class SpecGateError(Exception):
+    """Root of all SpecGate errors; ``status`` and ``code`` feed the HTTP/WS mapping."""
+
+    status: int = 500
+    code: str = "internal_error"
+
+
+class ConfigError(SpecGateError, ValueError):
+    status = 400
+    code = "invalid_parameter"
+
+
+class InvalidRequest(ConfigError):
+    code = "invalid_request"
+
+
+class ModelError(SpecGateError):
+    status = 500
+    code = "model_error"
+
+
+class ModelFileError(ModelError):
+    code = "model_file_error"
+
+
+class VocabMismatch(ModelError):
+    code = "vocab_mismatch"
+
+
+class PromptError(SpecGateError):
+    status = 400
+    code = "invalid_prompt"
+
+
+class EmptyPrompt(PromptError):
+    code = "empty_prompt"
+
+
+class PromptTooLong(PromptError):
+    code = "context_length_exceeded"
+
+    def __init__(self, n_tokens: int, n_ctx: int, what: str = "prompt") -> None:
+        super().__init__(
+            f"{what} has {n_tokens} tokens but the context holds {n_ctx}"
+        )
+        self.n_tokens = n_tokens
+        self.n_ctx = n_ctx
+
+
+class EngineError(SpecGateError):
+    status = 500
+    code = "engine_error"
+
+
+class SessionNotFound(SpecGateError):
+    status = 404
+    code = "session_not_found"
+
+
+class SessionBusy(SpecGateError):
+    status = 409
+    code = "session_busy"
+
+
+class QueueFull(SpecGateError):
+    status = 429
+    code = "queue_full"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class StoreUnavailable(SpecGateError):
+    status = 503
+    code = "store_unavailable"
+
+
+class FetchError(SpecGateError):
+    code = "fetch_error"

@@ -1,0 +1,258 @@
+"""ctypes plumbing over llama-cpp-python's low-level API (and three ggml calls).
+
+This module is the only place that touches llama.cpp pointers.  Objects here
+are not thread-safe: the engine calls them from its model worker thread only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import sys
+import threading
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from core.errors import EngineError, ModelFileError, PromptTooLong
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+@llama_cpp.llama_log_callback
+def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if level == 4:  # GGML_LOG_LEVEL_ERROR: keep real errors on stderr
+        sys.stderr.write(text.decode("utf-8", "replace"))
+
+
+def init_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+def _ggml_base() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    lib.ggml_get_name.restype = ctypes.c_char_p
+    lib.ggml_get_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_tensor_get.restype = None
+    lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+    return lib
+
+
+_GGML = _ggml_base()
+# struct ggml_tensor { enum ggml_type type; ggml_backend_buffer * buffer; int64_t ne[4]; size_t nb[4]; ... }
+_NE_OFFSET = ctypes.sizeof(ctypes.c_void_p) * 2
+_SOFTMAX = re.compile(rb"^kq_soft_max-(\d+)$")
+
+
+def validate_gguf(path: str) -> Path:
+    p = Path(path).expanduser()
+    if not str(path):
+        raise ModelFileError("no model file given")
+    if not p.exists():
+        raise ModelFileError(f"model file not found: {p}")
+    if not p.is_file():
+        raise ModelFileError(f"model path is not a file: {p}")
+    try:
+        with p.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ModelFileError(f"model file unreadable: {p}: {exc.strerror}") from exc
+    if magic != b"GGUF":
+        raise ModelFileError(f"not a GGUF file (magic {magic!r}): {p}")
+    return p
+
+
+class Model:
+    """A loaded GGUF model: tokenizer, metadata, and a factory for contexts."""
+
+    def __init__(self, path: str) -> None:
+        self.path = validate_gguf(path)
+        init_backend()
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self._ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._ptr:
+            raise ModelFileError(f"llama.cpp could not load {self.path}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self._ptr)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_layer = llama_cpp.llama_model_n_layer(self._ptr)
+        self.n_head = llama_cpp.llama_model_n_head(self._ptr)
+        self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._ptr)
+        self.size_bytes = self.path.stat().st_size
+
+    def close(self) -> None:
+        if self._ptr:
+            llama_cpp.llama_model_free(self._ptr)
+            self._ptr = None
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_model_meta_val_str(self._ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self._ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        raw = text.encode("utf-8")
+        cap = len(raw) + 16
+        arr = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), arr, cap, add_special, parse_special)
+        if n < 0:
+            arr = (llama_cpp.llama_token * -n)()
+            n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), arr, -n, add_special, parse_special)
+        return list(arr[:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: list[int] | tuple[int, ...], special: bool = False) -> str:
+        return b"".join(self.token_bytes(t, special) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+
+class AttentionCapture:
+    """cb_eval hook that copies the last query row of every ``kq_soft_max-*`` tensor.
+
+    Only the wanted row is read, per head, with ``ggml_backend_tensor_get`` at
+    the row's byte offset: the N x N matrix is never copied.
+    """
+
+    def __init__(self, n_layer: int) -> None:
+        self.n_layer = n_layer
+        self.active = False
+        self.n_keys = 0
+        self._rows: dict[int, np.ndarray] = {}
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_eval)
+
+    def start(self, n_keys: int) -> None:
+        self.n_keys = n_keys
+        self._rows = {}
+        self.active = True
+
+    def stop(self) -> np.ndarray:
+        """Rows of the step just decoded: [n_layer, n_head, n_keys]."""
+        self.active = False
+        if len(self._rows) != self.n_layer:
+            raise EngineError(f"captured {len(self._rows)} of {self.n_layer} attention layers")
+        return np.stack([self._rows[i] for i in range(self.n_layer)])
+
+    def _on_eval(self, tensor: int, ask: bool, user_data: int) -> bool:
+        if not self.active:
+            return not ask
+        name = _GGML.ggml_get_name(tensor)
+        match = _SOFTMAX.match(name or b"")
+        if ask:
+            return match is not None
+        if match is not None:
+            self._copy_last_row(tensor, int(match.group(1)))
+        return True
+
+    def _copy_last_row(self, tensor: int, layer: int) -> None:
+        dims = (ctypes.c_int64 * 4).from_address(tensor + _NE_OFFSET)
+        strides = (ctypes.c_size_t * 4).from_address(tensor + _NE_OFFSET + 32)
+        n_kv, n_q, n_head = dims[0], dims[1], dims[2]
+        n_read = min(n_kv, self.n_keys)
+        out = np.empty((n_head, n_read), dtype=np.float32)
+        for h in range(n_head):
+            offset = (n_q - 1) * strides[1] + h * strides[2]
+            _GGML.ggml_backend_tensor_get(tensor, out[h].ctypes.data, offset, n_read * 4)
+        self._rows[layer] = out
+
+
+class Context:
+    """One llama.cpp context with a single sequence (seq 0) and its own batch."""
+
+    def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int,
+                 flash_attn: bool, capture: AttentionCapture | None = None) -> None:
+        self.model = model
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_ubatch
+        params.n_seq_max = 1
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.no_perf = True
+        params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                  else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        self.capture = capture
+        if capture is not None:
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # no kq_soft_max with FA
+            params.cb_eval = capture.callback
+            params.cb_eval_user_data = None
+        self._ptr = llama_cpp.llama_init_from_model(model._ptr, params)
+        if not self._ptr:
+            raise EngineError(f"llama.cpp could not create a context (n_ctx={n_ctx})")
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ptr)
+        self.n_batch = n_batch
+        self._mem = llama_cpp.llama_get_memory(self._ptr)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+
+    def close(self) -> None:
+        if self._ptr:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ptr)
+            self._ptr = None
+
+    # -- memory -------------------------------------------------------------
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+
+    def pos_max(self) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0))
+
+    def remove_from(self, pos: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, pos, -1):
+            raise EngineError(f"could not remove KV cells from position {pos}")
+
+    def shift(self, p0: int, p1: int, delta: int) -> None:
+        llama_cpp.llama_memory_seq_add(self._mem, 0, p0, p1, delta)
+
+    # -- decoding -----------------------------------------------------------
+    def decode(self, tokens: list[int] | tuple[int, ...], start_pos: int, logits_last: bool = True) -> None:
+        """Decode ``tokens`` at positions start_pos.. in batches of n_batch."""
+        n = len(tokens)
+        if start_pos + n > self.n_ctx:
+            raise PromptTooLong(start_pos + n, self.n_ctx, "sequence")
+        batch = self._batch
+        for off in range(0, n, self.n_batch):
+            part = tokens[off: off + self.n_batch]
+            batch.n_tokens = len(part)
+            for i, tok in enumerate(part):
+                batch.token[i] = tok
+                batch.pos[i] = start_pos + off + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 0
+            last = off + len(part) == n
+            if last and logits_last:
+                batch.logits[len(part) - 1] = 1
+            rc = llama_cpp.llama_decode(self._ptr, batch)
+            if rc != 0:
+                raise EngineError(f"llama_decode returned {rc} at positions {start_pos + off}..")
+
+    def logits(self) -> np.ndarray:
+        """Logits of the last token that requested them (a copy)."""
+        ptr = llama_cpp.llama_get_logits_ith(self._ptr, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    @property
+    def ptr(self) -> llama_cpp.llama_context_p:
+        return self._ptr

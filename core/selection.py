@@ -1,0 +1,113 @@
+"""Chunk selection policy over per-token scores (pure numpy).
+
+Tokens are grouped into contiguous chunks; chunks are ranked by mean score and
+kept either until their cumulative share of the total score reaches ``mass``
+(``mass`` mode) or up to a fixed fraction of chunks (``chunk`` mode).  The
+first/last few tokens and any protected spans are always kept; ``max_keep``
+then drops whole chunks, lowest score first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+
+def chunk_means(scores: np.ndarray, chunk: int) -> np.ndarray:
+    n = scores.size
+    n_chunks = math.ceil(n / chunk)
+    padded = np.zeros(n_chunks * chunk, dtype=np.float64)
+    padded[:n] = scores
+    counts = np.full(n_chunks, chunk, dtype=np.float64)
+    if n % chunk:
+        counts[-1] = n % chunk
+    return (padded.reshape(n_chunks, chunk).sum(axis=1) / counts).astype(np.float32)
+
+
+def _ranked(chunk_scores: np.ndarray) -> np.ndarray:
+    # stable sort: equal scores keep the earlier chunk first, so results are deterministic
+    return np.argsort(-chunk_scores, kind="stable")
+
+
+def select_by_mass(chunk_scores: np.ndarray, mass: float) -> np.ndarray:
+    """Boolean chunk mask: highest chunks until their share of the total >= mass."""
+    keep = np.zeros(chunk_scores.size, dtype=bool)
+    total = float(chunk_scores.sum())
+    if chunk_scores.size == 0:
+        return keep
+    if total <= 0.0:
+        keep[:] = True
+        return keep
+    order = _ranked(chunk_scores)
+    cumulative = np.cumsum(chunk_scores[order]) / total
+    n_keep = int(np.searchsorted(cumulative, mass - 1e-9) + 1)
+    keep[order[: min(n_keep, order.size)]] = True
+    return keep
+
+
+def select_by_fraction(chunk_scores: np.ndarray, fraction: float) -> np.ndarray:
+    keep = np.zeros(chunk_scores.size, dtype=bool)
+    n_keep = max(1, math.ceil(chunk_scores.size * fraction)) if chunk_scores.size else 0
+    keep[_ranked(chunk_scores)[:n_keep]] = True
+    return keep
+
+
+def cap_chunks(chunk_mask: np.ndarray, chunk_scores: np.ndarray, chunk: int,
+               forced: np.ndarray, max_keep: int) -> np.ndarray:
+    """Drop kept chunks, lowest score first, until kept tokens (forced included) <= max_keep."""
+    if max_keep <= 0:
+        return chunk_mask
+    mask = chunk_mask.copy()
+    n = forced.size
+
+    def kept() -> int:
+        return int((np.repeat(mask, chunk)[:n] | forced).sum())
+
+    for c in _ranked(chunk_scores)[::-1]:
+        if kept() <= max_keep:
+            break
+        mask[c] = False
+    return mask
+
+
+def forced_mask(n_tokens: int, keep_first: int, keep_last: int,
+                spans: Iterable[tuple[int, int]] = ()) -> np.ndarray:
+    forced = np.zeros(n_tokens, dtype=bool)
+    forced[: min(keep_first, n_tokens)] = True
+    if keep_last > 0:
+        forced[-keep_last:] = True
+    for start, end in spans:
+        forced[max(0, start): min(n_tokens, end)] = True
+    return forced
+
+
+def select_tokens(scores: np.ndarray, *, chunk: int, mode: str, mass: float,
+                  fraction: float, keep_first: int, keep_last: int, max_keep: int = 0,
+                  protected: Iterable[tuple[int, int]] = ()) -> np.ndarray:
+    """Sorted indices of the tokens to prefill into the target."""
+    n = scores.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    forced = forced_mask(n, keep_first, keep_last, protected)
+    means = chunk_means(scores, chunk)
+    if mode == "mass":
+        chunk_mask = select_by_mass(means, mass)
+    elif mode == "chunk":
+        chunk_mask = select_by_fraction(means, fraction)
+    else:
+        raise ValueError(f"unknown select mode {mode!r}")
+    chunk_mask = cap_chunks(chunk_mask, means, chunk, forced, max_keep)
+    token_mask = np.repeat(chunk_mask, chunk)[:n] | forced
+    return np.flatnonzero(token_mask)
+
+
+def runs(indices: np.ndarray) -> list[tuple[int, int]]:
+    """Contiguous [start, end) runs of sorted indices."""
+    if indices.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(indices) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [indices.size]))
+    return [(int(indices[s]), int(indices[e - 1]) + 1) for s, e in zip(starts, ends)]

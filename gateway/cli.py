@@ -1,0 +1,101 @@
+"""The ``specgate`` console script: one parser, one subcommand per tool.
+
+Every option defaults to None so that core.config.build applies the one
+documented precedence: flag > SPECGATE_* environment variable > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+
+from core.config import EngineConfig, PolicyConfig, SamplingParams
+from core.errors import SpecGateError
+
+POLICY_HELP = {
+    "enabled": "run SpecPrefill at all",
+    "lookahead": "greedy speculator steps scored after the last prompt token",
+    "pool_kernel": "mean-pool width along tokens (0/1 = off)",
+    "select_mode": "mass | chunk",
+    "mass": "mass mode: keep chunks until this share of the score",
+    "keep_fraction": "chunk mode: fraction of chunks kept",
+    "max_keep": "cap on kept tokens (0 = none), lowest chunks dropped first",
+    "position_mode": "original (bridge) | compact",
+    "min_tokens": "prompts shorter than this skip scoring",
+    "break_even": "skip when scoring would cost more than it saves",
+    "safety": "break-even safety factor",
+    "guard_mode": "skip | conservative (keep system/tool spans dense)",
+}
+ENGINE_HELP = {
+    "target": "target GGUF (default: the fetched Qwen2.5-Coder-1.5B)",
+    "speculator": "speculator GGUF (default: the fetched Qwen2.5-Coder-0.5B)",
+    "n_threads": "llama.cpp threads (default: all cores)",
+}
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, helps: dict[str, str],
+                        skip: Sequence[str] = ()) -> None:
+    group = parser.add_argument_group(cls.__name__)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        kind = {bool: _bool, int: int, float: float, str: str}.get(type(default))
+        if kind is None:
+            continue
+        group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None,
+                           metavar=type(default).__name__.upper(),
+                           help=f"{helps.get(f.name, '')} (env SPECGATE_{f.name.upper()}, default {default})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gateway import prefill_cmd
+
+    parser = argparse.ArgumentParser(prog="specgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    fetch = sub.add_parser("fetch-models", help="download, assemble and verify the default models")
+    fetch.add_argument("names", nargs="*", help="models to fetch (default: all)")
+    fetch.add_argument("--models-dir", default=None, help="where to store them (env SPECGATE_MODELS_DIR)")
+    fetch.set_defaults(func=run_fetch)
+
+    pre = sub.add_parser("prefill", help="one-shot SpecPrefill of a prompt, with a per-phase table")
+    prefill_cmd.add_arguments(pre)
+    add_dataclass_flags(pre, EngineConfig, ENGINE_HELP)
+    add_dataclass_flags(pre, PolicyConfig, POLICY_HELP, skip=("guard_keywords",))
+    add_dataclass_flags(pre, SamplingParams, {}, skip=("stop",))
+    pre.set_defaults(func=prefill_cmd.run)
+    return parser
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from core.model_store import fetch_all
+    fetch_all(args.names or None, Path(args.models_dir) if args.models_dir else None)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SpecGateError as exc:
+        print(f"specgate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
