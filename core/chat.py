@@ -57,14 +57,27 @@ class ChatTemplate:
         validate_messages(messages)
         text = self.render_text(messages, tools, add_generation_prompt=True)
         tokens = self.model.tokenize(text, add_special=True, parse_special=True)
-        spans = []
-        start = 0
+        spans = self._preamble(text, messages, tools)
+        start = spans[0].end if spans else 0
         for i, message in enumerate(messages):
             prefix = self.render_text(messages[: i + 1], tools, add_generation_prompt=False)
             end = min(len(tokens), len(self.model.tokenize(prefix, add_special=True, parse_special=True)))
             spans.append(Span(message["role"], start, end))
             start = end
         return Prompt(tuple(tokens), tuple(spans), has_tools=bool(tools), has_grammar=has_grammar)
+
+    def _preamble(self, text: str, messages: Sequence[dict[str, Any]],
+                  tools: Sequence[dict[str, Any]] | None) -> list[Span]:
+        """Templates put tool definitions in a system block of their own when the
+        conversation has no system message; that block is a span too."""
+        first = messages[0]
+        if not tools or first["role"] == "system" or not first.get("content"):
+            return []
+        at = text.find(first["content"])
+        if at <= 0:
+            return []
+        end = len(self.model.tokenize(text[:at], add_special=True, parse_special=True))
+        return [Span("system", 0, end)] if end else []
 
 
 def validate_messages(messages: Sequence[dict[str, Any]]) -> None:

@@ -32,10 +32,11 @@ def mean_pool(scores: np.ndarray, kernel: int) -> np.ndarray:
     """Centered moving average; edges average over the cells that exist."""
     if kernel <= 1 or scores.size == 0:
         return scores.astype(np.float32, copy=True)
-    window = np.ones(kernel, dtype=np.float64)
-    sums = np.convolve(scores.astype(np.float64), window, mode="same")
-    counts = np.convolve(np.ones(scores.size), window, mode="same")
-    return (sums / counts).astype(np.float32)
+    n, half = scores.size, kernel // 2
+    csum = np.concatenate(([0.0], np.cumsum(scores, dtype=np.float64)))
+    lo = np.clip(np.arange(n) - half, 0, n)
+    hi = np.clip(np.arange(n) + (kernel - half), 0, n)
+    return ((csum[hi] - csum[lo]) / (hi - lo)).astype(np.float32)
 
 
 def normalize(scores: np.ndarray) -> np.ndarray:
