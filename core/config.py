@@ -29,6 +29,16 @@ def _require(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
+    _require(value in choices, f"{name} must be one of {choices}, got {value!r}")
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
 @dataclass(slots=True, frozen=True)
 class PolicyConfig:
     """SpecPrefill policy: scoring, selection, guard and break-even knobs."""
@@ -59,17 +69,17 @@ class PolicyConfig:
         _require(self.lookahead >= 0, f"lookahead must be >= 0, got {self.lookahead}")
         _require(self.pool_kernel >= 0, f"pool_kernel must be >= 0, got {self.pool_kernel}")
         _require(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")
-        _require(self.select_mode in SELECT_MODES, f"select_mode must be one of {SELECT_MODES}, got {self.select_mode!r}")
+        _one_of("select_mode", self.select_mode, SELECT_MODES)
         _require(0.0 < self.mass <= 1.0, f"mass must be in (0, 1], got {self.mass}")
         _require(0.0 < self.keep_fraction <= 1.0, f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
         _require(self.keep_first >= 0 and self.keep_last >= 1, "keep_first must be >= 0 and keep_last >= 1")
         _require(self.max_keep >= 0, f"max_keep must be >= 0, got {self.max_keep}")
         _require(self.boost_first_mult > 0 and self.boost_last_mult > 0, "boost multipliers must be > 0")
         _require(self.boost_first_n >= 0 and self.boost_last_n >= 0, "boost spans must be >= 0")
-        _require(self.position_mode in POSITION_MODES, f"position_mode must be one of {POSITION_MODES}, got {self.position_mode!r}")
+        _one_of("position_mode", self.position_mode, POSITION_MODES)
         _require(self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}")
         _require(self.safety > 0, f"safety must be > 0, got {self.safety}")
-        _require(self.guard_mode in GUARD_MODES, f"guard_mode must be one of {GUARD_MODES}, got {self.guard_mode!r}")
+        _one_of("guard_mode", self.guard_mode, GUARD_MODES)
         _require(self.guard_scan_tokens >= 0, "guard_scan_tokens must be >= 0")
 
 
@@ -149,7 +159,7 @@ def build(cls: type[T], flags: Mapping[str, Any] | None = None,
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = field_default(f)
         if flags.get(f.name) is not None:
             values[f.name] = _convert(f"--{f.name.replace('_', '-')}", flags[f.name], default)
         elif (key := f"SPECGATE_{f.name.upper()}") in env:

@@ -83,11 +83,12 @@ class Engine:
         try:
             check_same_vocab(self.speculator, self.target)
             self.capture = AttentionCapture(self.speculator.n_layer)
-            common = dict(n_batch=config.n_batch, n_ubatch=config.n_ubatch, n_threads=config.n_threads)
-            self.target_ctx = Context(self.target, n_ctx=config.n_ctx,
-                                      flash_attn=config.target_flash_attn, **common)
-            self.spec_ctx = Context(self.speculator, n_ctx=config.speculator_n_ctx,
-                                    flash_attn=False, capture=self.capture, **common)
+            self.target_ctx = Context(self.target, n_ctx=config.n_ctx, n_batch=config.n_batch,
+                                      n_ubatch=config.n_ubatch, n_threads=config.n_threads,
+                                      flash_attn=config.target_flash_attn)
+            self.spec_ctx = Context(self.speculator, n_ctx=config.speculator_n_ctx, n_batch=config.n_batch,
+                                    n_ubatch=config.n_ubatch, n_threads=config.n_threads,
+                                    flash_attn=False, capture=self.capture)
         except Exception:
             self.close()
             raise
@@ -109,6 +110,9 @@ class Engine:
         tokens = self.target.tokenize(text, add_special=False)[:n_tokens]
         for ctx, observe in ((self.spec_ctx, self.speeds.observe_spec_prefill),
                              (self.target_ctx, self.speeds.observe_target_prefill)):
+            # the first decode pages the mmap'd weights in; time the second
+            ctx.clear()
+            ctx.decode(tokens[:32], 0)
             ctx.clear()
             t0 = time.perf_counter()
             ctx.decode(tokens, 0)

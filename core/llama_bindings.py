@@ -10,6 +10,7 @@ import ctypes
 import re
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import llama_cpp
@@ -226,7 +227,7 @@ class Context:
         llama_cpp.llama_memory_seq_add(self._mem, 0, p0, p1, delta)
 
     # -- decoding -----------------------------------------------------------
-    def decode(self, tokens: list[int] | tuple[int, ...], start_pos: int, logits_last: bool = True) -> None:
+    def decode(self, tokens: Sequence[int], start_pos: int, logits_last: bool = True) -> None:
         """Decode ``tokens`` at positions start_pos.. in batches of n_batch."""
         n = len(tokens)
         if start_pos + n > self.n_ctx:

@@ -14,7 +14,7 @@ from core.config import PolicyConfig
 from core.guard import GuardVerdict
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     DISABLED = "disabled"
     SKIPPED_MIN_TOKENS = "skipped_min_tokens"
     SKIPPED_TOOL_GUARD = "skipped_tool_guard"

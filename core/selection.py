@@ -110,4 +110,4 @@ def runs(indices: np.ndarray) -> list[tuple[int, int]]:
     breaks = np.flatnonzero(np.diff(indices) != 1) + 1
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [indices.size]))
-    return [(int(indices[s]), int(indices[e - 1]) + 1) for s, e in zip(starts, ends)]
+    return [(int(indices[s]), int(indices[e - 1]) + 1) for s, e in zip(starts, ends, strict=False)]

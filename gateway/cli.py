@@ -10,8 +10,9 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from core.config import EngineConfig, PolicyConfig, SamplingParams
+from core.config import EngineConfig, PolicyConfig, SamplingParams, field_default
 from core.errors import SpecGateError
 
 POLICY_HELP = {
@@ -49,8 +50,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, helps: dict[
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        kind = {bool: _bool, int: int, float: float, str: str}.get(type(default))
+        default = field_default(f)
+        kind: Any = {bool: _bool, int: int, float: float, str: str}.get(type(default))
         if kind is None:
             continue
         group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, default=None,

@@ -1,0 +1,42 @@
+"""The real Qwen pair on a short prompt: a planted fact survives sparse prefill."""
+
+from __future__ import annotations
+
+import pytest
+
+from core import model_store
+from core.chat import ChatTemplate
+from core.config import EngineConfig, PolicyConfig, SamplingParams
+from core.engine import Engine
+from tests.conftest import real_model
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="module")
+def qwen_pair():
+    engine = Engine(EngineConfig(target=str(real_model(model_store.TARGET)),
+                                 speculator=str(real_model(model_store.SPECULATOR)),
+                                 n_ctx=2048, n_threads=2, calibrate_tokens=0))
+    yield engine
+    engine.close()
+
+
+def needle_messages() -> list[dict]:
+    filler = " ".join(f"Shelf {i} in the east hall stores spare parts for model {i * 7} pumps."
+                      for i in range(30))
+    fact = "The maintenance password for the west gate is TANGO-58."
+    doc = filler[: len(filler) // 3] + " " + fact + " " + filler[len(filler) // 3:]
+    return [{"role": "system", "content": "Answer from the document, briefly."},
+            {"role": "user", "content": f"{doc}\n\nWhat is the maintenance password for the west gate?"}]
+
+
+@pytest.mark.parametrize("mode", ["original", "compact"])
+def test_planted_fact_survives_sparse_prefill(qwen_pair, mode):
+    prompt = ChatTemplate(qwen_pair.target).render(needle_messages())
+    policy = PolicyConfig(min_tokens=0, break_even=False, select_mode="chunk", keep_fraction=0.3,
+                          position_mode=mode, lookahead=4)
+    r = qwen_pair.run(prompt, policy, SamplingParams(max_tokens=24))
+    assert r.timings.status == "active"
+    assert r.timings.n_kept < 0.6 * r.timings.n_prompt
+    assert "TANGO-58" in r.text, r.text
