@@ -79,6 +79,7 @@ class Generation:
     finish_reason: str  # "stop" | "length" | "cancelled"
     first_token_s: float  # seconds from decode start to the first sampled token
     decode_s: float
+    n_decoded: int  # leading tokens of ``tokens`` that were decoded into the KV cache
 
 
 def generate(ctx: Context, n_past: int, params: SamplingParams,
@@ -94,6 +95,7 @@ def generate(ctx: Context, n_past: int, params: SamplingParams,
     t0 = time.perf_counter()
     first_s = 0.0
     finish = "length"
+    n_decoded = 0
     try:
         while len(tokens) < params.max_tokens:
             tok = sampler.sample(ctx)
@@ -115,6 +117,7 @@ def generate(ctx: Context, n_past: int, params: SamplingParams,
             if n_past + len(tokens) >= ctx.n_ctx:
                 break
             ctx.decode([tok], n_past + len(tokens) - 1)
+            n_decoded += 1
         if finish != "cancelled":
             tail = stops.flush() + utf8.decode(b"", final=True) if not stops.stopped else ""
             if tail:
@@ -123,4 +126,4 @@ def generate(ctx: Context, n_past: int, params: SamplingParams,
                     on_text(tail)
     finally:
         sampler.close()
-    return Generation("".join(pieces), tokens, finish, first_s, time.perf_counter() - t0)
+    return Generation("".join(pieces), tokens, finish, first_s, time.perf_counter() - t0, n_decoded)

@@ -9,6 +9,7 @@ model worker thread (core.worker), never from the event loop.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,8 +19,9 @@ from core import planner
 from core.config import EngineConfig, PolicyConfig, SamplingParams
 from core.decode import Generation, OnText, generate
 from core.errors import EmptyPrompt, PromptTooLong, VocabMismatch
+from core.kv_state import SeqState, SessionKV, common_prefix
 from core.llama_bindings import AttentionCapture, Context, Model
-from core.prefill import dense_prefill, sparse_prefill
+from core.prefill import sparse_prefill
 from core.prompt import Prompt
 from core.scoring import importance
 from core.selection import runs, select_tokens
@@ -46,10 +48,19 @@ class Timings:
     ttft_ms: float = 0.0
     decode_ms: float = 0.0
     n_predicted: int = 0
+    cache_n: int = 0  # target tokens reused from the session
+    spec_cache_n: int = 0  # speculator tokens reused from the session
+    spec_prefill_n: int = 0  # prompt tokens prefilled into the speculator this turn
+
+    @property
+    def prompt_n(self) -> int:
+        """Tokens the target processed this turn."""
+        return self.n_kept
 
     @property
     def kept_pct(self) -> float:
-        return 100.0 * self.n_kept / self.n_prompt if self.n_prompt else 0.0
+        n_new = self.n_prompt - self.cache_n
+        return 100.0 * self.n_kept / n_new if n_new else 0.0
 
 
 @dataclass(slots=True)
@@ -103,6 +114,17 @@ class Engine:
         self.speculator.close()
         self.target.close()
 
+    # -- session KV residency -------------------------------------------------
+    def save_kv(self) -> tuple[bytes, bytes]:
+        """The resident session's KV of both models, serialized."""
+        return self.target_ctx.save_seq(), self.spec_ctx.save_seq()
+
+    def load_kv(self, blobs: tuple[bytes, bytes] | None) -> None:
+        """Make a saved session resident; None empties both caches (a fresh or evicted session)."""
+        target, spec = blobs or (b"", b"")
+        self.target_ctx.load_seq(target)
+        self.spec_ctx.load_seq(spec)
+
     # -- measurement --------------------------------------------------------
     def calibrate(self, n_tokens: int) -> None:
         """Measure both models' prefill speed and one speculator step on this machine."""
@@ -134,38 +156,54 @@ class Engine:
         if n > limit:
             raise PromptTooLong(n, limit)
 
-    def plan(self, prompt: Prompt, policy: PolicyConfig) -> planner.Plan:
+    def plan(self, prompt: Prompt, policy: PolicyConfig, n_select: int, n_score: int) -> planner.Plan:
         n_head = min(policy.guard_scan_tokens, len(prompt))
         head = self.target.detokenize(prompt.tokens[:n_head], special=True)
         verdict = tool_guard.inspect(prompt, head, n_head, policy.guard_keywords)
-        return planner.plan(len(prompt), len(prompt), policy, verdict, self.speeds)
+        return planner.plan(n_select, n_score, policy, verdict, self.speeds)
 
-    def score(self, tokens: tuple[int, ...], policy: PolicyConfig, t: Timings) -> np.ndarray:
-        """Speculator prefill without capture, then the last prompt token's row and
-        ``lookahead`` greedy steps with capture; returns per-token importance."""
+    def score(self, kv: SeqState, tokens: tuple[int, ...], policy: PolicyConfig, t: Timings) -> np.ndarray:
+        """Prefill the speculator's missing tokens without capture, then capture the last
+        prompt token's row and ``lookahead`` greedy steps; returns importance over all tokens."""
         ctx, n = self.spec_ctx, len(tokens)
-        ctx.clear()
         t0 = time.perf_counter()
-        if n > 1:
-            ctx.decode(tokens[:-1], 0, logits_last=False)
+        base = self._sync(ctx, kv, tokens[:-1])
         t1 = time.perf_counter()
         steps = []
         tok = tokens[-1]
         for step in range(policy.lookahead + 1):
-            pos = n - 1 + step
+            pos = base + step
             if pos >= ctx.n_ctx:
                 break
             self.capture.start(n)
             ctx.decode([tok], pos)
             steps.append(self.capture.stop())
             tok = int(np.argmax(ctx.logits()))
+        ctx.remove_from(base + 1)  # lookahead tokens are not context
+        kv.extend([tokens[-1]], [base])
         t2 = time.perf_counter()
         t.spec_prefill_ms = (t1 - t0) * 1e3
         t.lookahead_ms = (t2 - t1) * 1e3
-        self.speeds.observe_spec_prefill(n - 1, t1 - t0)
+        self.speeds.observe_spec_prefill(t.spec_prefill_n, t1 - t0)
         self.speeds.observe_spec_step((t2 - t1) / max(1, len(steps)))
         return importance(steps, n, policy.pool_kernel, policy.boost_first_n, policy.boost_first_mult,
                           policy.boost_last_n, policy.boost_last_mult)
+
+    @staticmethod
+    def _rollback(ctx: Context, kv: SeqState, n_keep: int) -> None:
+        """Keep the longest common prefix ``n_keep`` and cut the cache after it."""
+        if n_keep < len(kv.tokens):
+            ctx.remove_from(kv.truncate(n_keep))
+
+    def _sync(self, ctx: Context, kv: SeqState, tokens: Sequence[int]) -> int:
+        """Bring a dense cache (the speculator's) to exactly ``tokens``; returns the next position."""
+        self._rollback(ctx, kv, min(common_prefix(kv.tokens, tokens), len(tokens)))
+        delta = tokens[len(kv.tokens):]
+        base = kv.next_pos
+        if delta:
+            ctx.decode(delta, base, logits_last=False)
+            kv.extend(delta, range(base, base + len(delta)))
+        return base + len(delta)
 
     def select(self, scores: np.ndarray, policy: PolicyConfig,
                protected: tuple[tuple[int, int], ...]) -> np.ndarray:
@@ -175,38 +213,59 @@ class Engine:
                              max_keep=policy.max_keep, protected=protected)
 
     def run(self, prompt: Prompt, policy: PolicyConfig, sampling: SamplingParams,
-            on_text: OnText | None = None) -> Result:
+            on_text: OnText | None = None, kv: SessionKV | None = None) -> Result:
+        """One turn.  With ``kv`` (a session whose KV is resident in both contexts) only
+        the delta against the session's tokens is prefilled; without it, a fresh context."""
         self.check_prompt(prompt)
+        persistent = kv is not None
+        if kv is None:
+            kv = SessionKV()
+            self.spec_ctx.clear()
+            self.target_ctx.clear()
         t_start = time.perf_counter()
         tokens, n = prompt.tokens, len(prompt)
-        t = Timings(position_mode=policy.position_mode, n_prompt=n)
-        decision = self.plan(prompt, policy)
+        # the last prompt token is always decoded again: its logits start generation
+        q = min(common_prefix(kv.target.tokens, tokens), n - 1)
+        p = min(common_prefix(kv.spec.tokens, tokens), n - 1)
+        self._rollback(self.target_ctx, kv.target, q)
+        delta = tokens[q:]
+        t = Timings(position_mode=policy.position_mode, n_prompt=n, cache_n=q,
+                    spec_cache_n=p, spec_prefill_n=n - p)
+        decision = self.plan(prompt, policy, n_select=len(delta), n_score=n - p)
         t.status, t.reason = decision.status.value, decision.reason
-        kept = np.arange(n)
+        kept = np.arange(len(delta))
         if decision.score:
-            scores = self.score(tokens, policy, t)
-            kept = self.select(scores, policy, decision.protected)
+            scores = self.score(kv.spec, tokens, policy, t)[q:]
+            protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
+            kept = self.select(scores, policy, protected)
             t.scoring_ms = (time.perf_counter() - t_start) * 1e3
-            self.speeds.observe_kept(kept.size / n)
-            if kept.size == n:
+            self.speeds.observe_kept(kept.size / len(delta))
+            if kept.size == len(delta):
                 t.status, t.reason = planner.Status.KEPT_ALL.value, "selection kept every token"
         t.n_kept, t.n_runs = int(kept.size), len(runs(kept))
-        gen = self._prefill_and_decode(tokens, kept, policy.position_mode, sampling, on_text, t)
+        gen = self._prefill_and_decode(kv.target, delta, kept, policy.position_mode, sampling, on_text, t)
         t.ttft_ms = t.scoring_ms + t.prefill_ms + gen.first_token_s * 1e3
-        return Result(gen.text, gen.finish_reason, gen.tokens, t, kept)
+        if persistent:
+            # keep the speculator in step (prompt + reply) so the next turn scores only its delta
+            self._sync(self.spec_ctx, kv.spec, tokens + tuple(gen.tokens[: gen.n_decoded]))
+        else:
+            t.spec_prefill_n = n - p if decision.score else 0
+        return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q)
 
-    def _prefill_and_decode(self, tokens: tuple[int, ...], kept: np.ndarray, mode: str,
+    def _prefill_and_decode(self, kv: SeqState, delta: tuple[int, ...], kept: np.ndarray, mode: str,
                             sampling: SamplingParams, on_text: OnText | None, t: Timings) -> Generation:
         ctx = self.target_ctx
-        ctx.clear()
+        # original mode keeps logical positions (bridging any gap); compact packs after the cache
+        base = len(kv.tokens) if mode == "original" else kv.next_pos
         t0 = time.perf_counter()
-        if kept.size == len(tokens):
-            n_past = dense_prefill(ctx, tokens, 0)
-        else:
-            n_past = sparse_prefill(ctx, tokens, kept, mode, 0)
+        n_past = sparse_prefill(ctx, delta, kept, mode, base)
         t.prefill_ms = (time.perf_counter() - t0) * 1e3
+        positions = np.full(len(delta), -1)
+        positions[kept] = np.arange(kept.size) + base if mode == "compact" else kept + base
+        kv.extend(delta, positions.tolist())
         self.speeds.observe_target_prefill(int(kept.size), t.prefill_ms / 1e3)
         gen = generate(ctx, n_past, sampling, on_text)
+        kv.extend(gen.tokens[: gen.n_decoded], range(n_past, n_past + gen.n_decoded))
         t.decode_ms = gen.decode_s * 1e3
         t.n_predicted = len(gen.tokens)
         return gen

@@ -226,6 +226,23 @@ class Context:
     def shift(self, p0: int, p1: int, delta: int) -> None:
         llama_cpp.llama_memory_seq_add(self._mem, 0, p0, p1, delta)
 
+    def save_seq(self) -> bytes:
+        """Serialize sequence 0's KV cells (llama_state_seq_get_data)."""
+        size = llama_cpp.llama_state_seq_get_size(self._ptr, 0)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self._ptr, buf, size, 0)
+        return ctypes.string_at(buf, n)
+
+    def load_seq(self, blob: bytes) -> None:
+        """Replace the cache with a sequence saved by :meth:`save_seq`."""
+        self.clear()
+        if not blob:
+            return
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if llama_cpp.llama_state_seq_set_data(self._ptr, buf, len(blob), 0) == 0:
+            self.clear()
+            raise EngineError("could not restore a saved KV sequence")
+
     # -- decoding -----------------------------------------------------------
     def decode(self, tokens: Sequence[int], start_pos: int, logits_last: bool = True) -> None:
         """Decode ``tokens`` at positions start_pos.. in batches of n_batch."""

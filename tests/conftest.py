@@ -58,3 +58,13 @@ def tiny_engine(tiny_speculator: Path, tiny_target: Path):
                                  n_ctx=4096, n_threads=2, calibrate_tokens=64))
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def smol_engine(small_model: Path):
+    """A real, coherent small model as both speculator and target: greedy outputs
+    without the near-ties of the truncated models (for exact-equality tests)."""
+    engine = Engine(EngineConfig(target=str(small_model), speculator=str(small_model),
+                                 n_ctx=4096, n_threads=2, calibrate_tokens=64))
+    yield engine
+    engine.close()
