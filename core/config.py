@@ -129,6 +129,30 @@ class SamplingParams:
                  "stop must be at most 8 non-empty strings")
 
 
+@dataclass(slots=True, frozen=True)
+class GatewayConfig:
+    """The HTTP server, sessions and the metadata store."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    model_name: str = "specgate"
+    redis_url: str = ""  # empty = the in-process store
+    session_ttl_s: int = 86400
+    kv_budget_mb: int = 2048
+    kv_spill_dir: str = ""
+    max_queue: int = 64
+    max_body_mb: int = 16
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port}")
+        _require(self.session_ttl_s >= 1, "session_ttl_s must be >= 1")
+        _require(self.kv_budget_mb >= 0, "kv_budget_mb must be >= 0")
+        _require(self.max_queue >= 1, "max_queue must be >= 1")
+        _require(self.max_body_mb >= 1, "max_body_mb must be >= 1")
+        _one_of("log_level", self.log_level, ("debug", "info", "warning", "error"))
+
+
 T = TypeVar("T")
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from core import guard as tool_guard
 from core import planner
+from core.chat import ChatTemplate
 from core.config import EngineConfig, PolicyConfig, SamplingParams
 from core.decode import Generation, OnText, generate
 from core.errors import EmptyPrompt, PromptTooLong, VocabMismatch
@@ -103,6 +104,7 @@ class Engine:
         except Exception:
             self.close()
             raise
+        self.chat = ChatTemplate(self.target)
         self.speeds = planner.Throughput()
         if config.calibrate_tokens:
             self.calibrate(config.calibrate_tokens)

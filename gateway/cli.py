@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from core.config import EngineConfig, PolicyConfig, SamplingParams, field_default
+from core.config import EngineConfig, GatewayConfig, PolicyConfig, SamplingParams, field_default
 from core.errors import SpecGateError
 
 POLICY_HELP = {
@@ -28,6 +28,12 @@ POLICY_HELP = {
     "break_even": "skip when scoring would cost more than it saves",
     "safety": "break-even safety factor",
     "guard_mode": "skip | conservative (keep system/tool spans dense)",
+}
+GATEWAY_HELP = {
+    "redis_url": "redis://host:port/db for session metadata (empty = in-process store)",
+    "kv_budget_mb": "RAM budget for saved session KV; LRU sessions are evicted past it",
+    "kv_spill_dir": "spill evicted session KV here instead of dropping it",
+    "max_queue": "queued requests before 429",
 }
 ENGINE_HELP = {
     "target": "target GGUF (default: the fetched Qwen2.5-Coder-1.5B)",
@@ -76,7 +82,28 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_flags(pre, PolicyConfig, POLICY_HELP, skip=("guard_keywords",))
     add_dataclass_flags(pre, SamplingParams, {}, skip=("stop",))
     pre.set_defaults(func=prefill_cmd.run)
+
+    serve = sub.add_parser("serve", help="run the HTTP/WebSocket gateway")
+    add_dataclass_flags(serve, GatewayConfig, GATEWAY_HELP)
+    add_dataclass_flags(serve, EngineConfig, ENGINE_HELP)
+    add_dataclass_flags(serve, PolicyConfig, POLICY_HELP, skip=("guard_keywords",))
+    serve.set_defaults(func=run_serve)
     return parser
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from core.config import build
+    from gateway.app import create_app
+    from gateway.logs import configure
+    from gateway.prefill_cmd import engine_config
+
+    gateway = build(GatewayConfig, vars(args))
+    configure(gateway.log_level)
+    app = create_app(gateway, engine_config(args), build(PolicyConfig, vars(args)))
+    web.run_app(app, host=gateway.host, port=gateway.port, print=None, access_log=None)
+    return 0
 
 
 def run_fetch(args: argparse.Namespace) -> int:

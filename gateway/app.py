@@ -1,0 +1,95 @@
+"""The aiohttp application factory and the lifecycles of its resources.
+
+Every resource is a cleanup context, started in order and closed in reverse:
+models (on their worker thread) -> metadata store -> scheduler and sessions.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import structlog
+from aiohttp import web
+
+from core.config import EngineConfig, GatewayConfig, PolicyConfig
+from core.worker import ModelWorker
+from gateway import http_api, keys, ws_api
+from gateway.errors import Handler, error_middleware
+from gateway.metrics import Metrics
+from gateway.turns import TurnRunner
+from sessions.kv_store import KVStore
+from sessions.manager import SessionManager
+from sessions.scheduler import FairScheduler
+from sessions.store import open_store
+
+log = structlog.get_logger("specgate.http")
+
+
+@web.middleware
+async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
+    request_id = request.headers.get("X-Request-Id") or f"req-{uuid.uuid4().hex[:12]}"
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request_id=request_id, session_id=request.headers.get("X-Session-Id"))
+    t0 = time.perf_counter()
+    response = await handler(request)
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+    request.app[keys.METRICS].request(route, response.status)
+    if request.path not in ("/health", "/metrics"):
+        log.info("request_end", method=request.method, path=request.path, status=response.status,
+                 ms=round((time.perf_counter() - t0) * 1e3, 1))
+    if not response.prepared:
+        response.headers.setdefault("X-Request-Id", request_id)
+    return response
+
+
+async def worker_ctx(app: web.Application) -> AsyncIterator[None]:
+    worker = ModelWorker(app[keys.ENGINE])
+    app[keys.WORKER] = worker
+    t0 = time.perf_counter()
+    await worker.start()
+    log.info("models_loaded", target=app[keys.ENGINE].target, speculator=app[keys.ENGINE].speculator,
+             ms=round((time.perf_counter() - t0) * 1e3))
+    yield
+    await worker.close()
+
+
+async def store_ctx(app: web.Application) -> AsyncIterator[None]:
+    cfg = app[keys.GATEWAY]
+    store = open_store(cfg.redis_url, cfg.session_ttl_s)
+    app[keys.STORE] = store
+    log.info("store_opened", kind=store.kind, reachable=await store.ping())
+    yield
+    await store.close()
+
+
+async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
+    cfg = app[keys.GATEWAY]
+    scheduler = FairScheduler(cfg.max_queue)
+    kv = KVStore(cfg.kv_budget_mb << 20, cfg.kv_spill_dir or None)
+    manager = SessionManager(app[keys.WORKER], app[keys.STORE], kv, scheduler)
+    metrics = app[keys.METRICS]
+    app[keys.SCHEDULER], app[keys.KV], app[keys.MANAGER] = scheduler, kv, manager
+    app[keys.RUNNER] = TurnRunner(manager, metrics)
+    metrics.gauges.update({
+        "specgate_live_sessions": lambda: manager.live,
+        "specgate_kv_bytes_ram": lambda: kv.bytes_in_ram,
+        "specgate_kv_evictions": lambda: kv.evictions,
+        "specgate_queue_depth": lambda: scheduler.depth,
+    })
+    scheduler.start()
+    yield
+    await scheduler.stop()
+
+
+def create_app(gateway: GatewayConfig, engine: EngineConfig, policy: PolicyConfig) -> web.Application:
+    app = web.Application(middlewares=[request_context, error_middleware],
+                          client_max_size=gateway.max_body_mb << 20)
+    app[keys.GATEWAY], app[keys.ENGINE], app[keys.POLICY] = gateway, engine, policy
+    app[keys.STARTED] = time.time()
+    app[keys.METRICS] = Metrics()
+    app.cleanup_ctx.extend([worker_ctx, store_ctx, sessions_ctx])
+    app.add_routes(http_api.routes)
+    app.add_routes(ws_api.routes)
+    return app

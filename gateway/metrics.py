@@ -1,0 +1,82 @@
+"""Prometheus text-format metrics, kept in-process (no client library needed)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        self.total += value
+        self.n += 1
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+
+    def render(self, name: str) -> list[str]:
+        lines = [f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts, strict=True)]
+        lines += [f'{name}_bucket{{le="+Inf"}} {self.n}', f"{name}_sum {self.total:.6f}", f"{name}_count {self.n}"]
+        return lines
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, int], int] = defaultdict(int)
+        self.specprefill_status: dict[str, int] = defaultdict(int)
+        self.prefill_tokens: dict[str, int] = defaultdict(int)  # dense | sparse
+        self.spec_tokens_scored = 0
+        self.rebuilds = 0
+        self.store_errors = 0
+        self.ttft = Histogram(TTFT_BUCKETS_S)
+        self.kept_ratio = Histogram(RATIO_BUCKETS)
+        self.gauges: dict[str, Callable[[], float]] = {}
+
+    def request(self, route: str, status: int) -> None:
+        self.requests[(route, status)] += 1
+
+    def turn(self, status: str, ttft_ms: float, kept: int, n_new: int, scored: int, sparse: bool,
+             rebuilt: bool) -> None:
+        self.specprefill_status[status] += 1
+        self.ttft.observe(ttft_ms / 1000.0)
+        self.prefill_tokens["sparse" if sparse else "dense"] += kept
+        self.spec_tokens_scored += scored
+        if n_new:
+            self.kept_ratio.observe(kept / n_new)
+        self.rebuilds += int(rebuilt)
+
+    def render(self) -> str:
+        out: list[str] = []
+
+        def block(name: str, kind: str, help_: str, lines: list[str]) -> None:
+            out.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *lines])
+
+        block("specgate_requests_total", "counter", "HTTP/WS requests by route and status.",
+              [f'specgate_requests_total{{route="{r}",status="{s}"}} {n}'
+               for (r, s), n in sorted(self.requests.items())])
+        block("specgate_specprefill_total", "counter", "Turns by SpecPrefill planner status.",
+              [f'specgate_specprefill_total{{status="{s}"}} {n}' for s, n in sorted(self.specprefill_status.items())])
+        block("specgate_target_prefill_tokens_total", "counter", "Tokens prefilled into the target.",
+              [f'specgate_target_prefill_tokens_total{{mode="{m}"}} {self.prefill_tokens[m]}'
+               for m in ("dense", "sparse")])
+        block("specgate_speculator_scored_tokens_total", "counter", "Prompt tokens scored by the speculator.",
+              [f"specgate_speculator_scored_tokens_total {self.spec_tokens_scored}"])
+        block("specgate_kv_rebuilds_total", "counter", "Session KV rebuilt after eviction.",
+              [f"specgate_kv_rebuilds_total {self.rebuilds}"])
+        block("specgate_store_errors_total", "counter", "Failed metadata store writes.",
+              [f"specgate_store_errors_total {self.store_errors}"])
+        block("specgate_ttft_seconds", "histogram", "Time to first token.", self.ttft.render("specgate_ttft_seconds"))
+        block("specgate_kept_ratio", "histogram", "Kept share of new prompt tokens per turn.",
+              self.kept_ratio.render("specgate_kept_ratio"))
+        for name, fn in sorted(self.gauges.items()):
+            block(name, "gauge", name.replace("_", " "), [f"{name} {fn()}"])
+        return "\n".join(out) + "\n"
