@@ -117,8 +117,8 @@ class SessionManager:
     # -- lifecycle -------------------------------------------------------------
     async def create(self, session_id: str | None = None) -> Session:
         session = Session(id=session_id or f"sess-{uuid.uuid4().hex[:16]}")
+        await self.mirror(session, strict=True)  # a session nobody else can see is not created
         self._sessions[session.id] = session
-        await self.mirror(session, strict=True)
         log.info("session_created", session_id=session.id)
         return session
 

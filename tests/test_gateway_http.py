@@ -1,0 +1,168 @@
+"""The gateway over real HTTP: the official openai client, raw httpx, a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+
+DOC = " ".join(f"Entry {k}: valve {k % 6} pressure {k * 7 + 2} kPa." for k in range(40))
+
+
+def client(gw, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base + "/v1", api_key="unused", max_retries=0, **kw)
+
+
+def new_session(gw) -> str:
+    r = httpx.post(gw.base + "/v1/sessions", json={})
+    assert r.status_code == 201
+    return r.json()["id"]
+
+
+def test_plain_completion_with_timings_and_usage(gateway):
+    resp = client(gateway).chat.completions.create(
+        model="specgate", messages=[{"role": "user", "content": DOC + " Which valve?"}], max_tokens=4)
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.usage.completion_tokens == 4 and resp.usage.prompt_tokens > 300
+    t = resp.model_extra["timings"]
+    for key in ("specprefill", "prompt_n", "cache_n", "spec_prefill_n", "spec_cache_n", "kept_n", "scoring_ms",
+                "prefill_ms", "ttft_ms", "predicted_n", "predicted_ms"):
+        assert key in t, key
+    assert t["specprefill"] == "active" and t["kept_n"] == t["prompt_n"] < resp.usage.prompt_tokens
+    assert resp.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_streamed_completion_ends_with_timings_usage_and_done(gateway):
+    stream = client(gateway).chat.completions.create(
+        model="specgate", messages=[{"role": "user", "content": "Say hi. " * 5}], max_tokens=6, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
+    assert finals[0].model_extra["timings"]["predicted_n"] == 6
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    plain = client(gateway).chat.completions.create(
+        model="specgate", messages=[{"role": "user", "content": "Say hi. " * 5}], max_tokens=6)
+    assert text == plain.choices[0].message.content
+    raw = httpx.post(gateway.base + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}).text
+    assert raw.rstrip().endswith("data: [DONE]")
+
+
+def test_session_turns_prefill_only_the_delta_and_mirror_to_redis(gateway, redis_server):
+    sid = new_session(gateway)
+    c = client(gateway, default_headers={"X-Session-Id": sid})
+    msgs = [{"role": "system", "content": "You read logs."}, {"role": "user", "content": DOC + " Valve 3?"}]
+    r1 = c.chat.completions.create(model="specgate", messages=msgs, max_tokens=5)
+    t1 = r1.model_extra["timings"]
+    assert t1["spec_cache_n"] == 0 and t1["cache_n"] == 0 and t1["spec_prefill_n"] == t1["context_n"]
+    msgs += [{"role": "assistant", "content": r1.choices[0].message.content},
+             {"role": "user", "content": DOC[:400] + " And valve 4?"}]
+    r2 = c.chat.completions.create(model="specgate", messages=msgs, max_tokens=5)
+    t2 = r2.model_extra["timings"]
+    assert t2["spec_cache_n"] >= t1["context_n"] and t2["cache_n"] >= t1["context_n"]
+    assert t2["spec_prefill_n"] == t2["context_n"] - t2["spec_cache_n"]
+    assert t2["spec_prefill_n"] < t2["context_n"] - t1["context_n"] + 20
+    assert r2.usage.prompt_tokens_details.cached_tokens == t2["cache_n"]
+    stored = json.loads(redis_server.client.get(f"specgate:session:{sid}"))
+    assert stored["turns"] == 2 and stored["last_status"] == t2["specprefill"]
+    assert stored["prompt_tokens"] == t1["context_n"] + t2["context_n"]
+    assert 0 < redis_server.client.ttl(f"specgate:session:{sid}") <= 86400
+    view = httpx.get(f"{gateway.base}/v1/sessions/{sid}").json()
+    assert view["turns"] == 2 and view["kv"] == "resident" and view["store"] == "redis"
+    assert httpx.delete(f"{gateway.base}/v1/sessions/{sid}").status_code == 200
+    assert redis_server.client.get(f"specgate:session:{sid}") is None
+    assert httpx.get(f"{gateway.base}/v1/sessions/{sid}").status_code == 404
+
+
+def error_of(resp: httpx.Response) -> tuple[int, str, str]:
+    body = resp.json()["error"]
+    return resp.status_code, body["code"], body["message"]
+
+
+def test_bad_input_gets_precise_errors(gateway):
+    url = gateway.base + "/v1/chat/completions"
+    assert error_of(httpx.post(url, content=b"{not json"))[:2] == (400, "invalid_request")
+    assert error_of(httpx.post(url, content=b""))[:2] == (400, "invalid_request")
+    status, code, msg = error_of(httpx.post(url, json={"messages": [{"role": "user", "content": "x"}],
+                                                       "temperature": -1}))
+    assert (status, code) == (400, "invalid_parameter") and "temperature" in msg
+    status, code, msg = error_of(httpx.post(url, json={"messages": [{"role": "wizard", "content": "x"}]}))
+    assert status == 400 and "role" in msg
+    status, code, _ = error_of(httpx.post(url, headers={"X-Session-Id": "sess-nope"},
+                                          json={"messages": [{"role": "user", "content": "x"}]}))
+    assert (status, code) == (404, "session_not_found")
+    status, code, msg = error_of(httpx.post(url, json={"messages": [{"role": "user", "content": "word " * 5000}]}))
+    assert (status, code) == (400, "context_length_exceeded") and "5" in msg and "4095" in msg
+    with pytest.raises(openai.BadRequestError):
+        client(gateway).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], n=2)
+    assert httpx.get(gateway.base + "/v1/nope").status_code == 404
+
+
+def test_over_long_prompt_leaves_the_session_intact(gateway):
+    sid = new_session(gateway)
+    c = client(gateway, default_headers={"X-Session-Id": sid})
+    msgs = [{"role": "user", "content": "Remember: the key is 42."}]
+    c.chat.completions.create(model="m", messages=msgs, max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model="m", messages=msgs + [{"role": "user", "content": "w " * 5000}])
+    ok = c.chat.completions.create(model="m", messages=msgs, max_tokens=2)
+    assert ok.model_extra["timings"]["cache_n"] > 0
+
+
+def test_disconnect_mid_stream_cancels_and_others_keep_working(gateway):
+    sid = new_session(gateway)
+    with httpx.stream("POST", gateway.base + "/v1/chat/completions", headers={"X-Session-Id": sid},
+                      json={"messages": [{"role": "user", "content": "Count to a thousand."}],
+                            "max_tokens": 400, "stream": True}) as resp:
+        for line in resp.iter_lines():
+            if '"content"' in line and '"role"' not in line:
+                break  # leave after the first real token
+    after = httpx.get(f"{gateway.base}/v1/sessions/{sid}").json()
+    assert after["state"] in ("idle", "running")
+    other = client(gateway).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=2)
+    assert other.usage.completion_tokens == 2
+    view = httpx.get(f"{gateway.base}/v1/sessions/{sid}").json()
+    assert view["turns"] == 1 and view["completion_tokens"] < 400  # generation stopped early
+    again = client(gateway, default_headers={"X-Session-Id": sid}).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Count to a thousand."}], max_tokens=2)
+    assert again.model_extra["timings"]["cache_n"] > 0
+
+
+def test_full_queue_answers_429_with_retry_after(gateway):
+    results: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def fire() -> None:
+        r = httpx.post(gateway.base + "/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 48})
+        with lock:
+            results.append(r)
+
+    threads = [threading.Thread(target=fire) for _ in range(9)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    codes = sorted(r.status_code for r in results)
+    assert codes.count(200) >= 5 and 429 in codes
+    limited = next(r for r in results if r.status_code == 429)
+    assert limited.headers["Retry-After"] == "2" and limited.json()["error"]["code"] == "queue_full"
+
+
+def test_models_health_ready_metrics(gateway):
+    assert httpx.get(gateway.base + "/v1/models").json()["data"][0]["id"] == "specgate"
+    assert httpx.get(gateway.base + "/health").json() == {"status": "ok"}
+    ready = httpx.get(gateway.base + "/ready").json()
+    assert ready["ready"] and ready["store"] == "redis" and ready["models"] == "ready"
+    text = httpx.get(gateway.base + "/metrics").text
+    for name in ("specgate_requests_total", "specgate_ttft_seconds_bucket", "specgate_specprefill_total",
+                 "specgate_target_prefill_tokens_total", "specgate_kept_ratio", "specgate_live_sessions",
+                 "specgate_kv_bytes_ram", "specgate_queue_depth", "specgate_speculator_scored_tokens_total"):
+        assert name in text, name
+    assert 'specgate_specprefill_total{status="active"}' in text
