@@ -51,7 +51,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         outcome = await turn.outcome()
     finally:
         turn.cancel.set()
-    return web.json_response(protocol.completion(protocol.new_id(), model, outcome.result, bool(req.tools),
+    return web.json_response(protocol.completion(protocol.new_id(), model, outcome.result, req.tools,
                                                  outcome.rebuilt, req.session_id), dumps=dumps)
 
 
@@ -79,7 +79,7 @@ async def stream_turn(request: web.Request, turn: Turn, model: str) -> web.Strea
             await send("[DONE]")
             return resp
         result, t = outcome.result, outcome.result.timings
-        calls = protocol.tool_calls.parse(result.text)[1] if turn.request.tools else []
+        calls = protocol.reply_message(result.text, turn.request.tools).get("tool_calls", [])
         if calls:
             await send(protocol.chunk(req_id, model, {"tool_calls": [
                 {"index": i, **c} for i, c in enumerate(calls)]}))

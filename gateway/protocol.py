@@ -147,12 +147,19 @@ def finish_reason(result: Result, calls: list[dict[str, Any]]) -> str:
     return "length" if result.finish_reason == "length" else "stop"
 
 
-def completion(req_id: str, model: str, result: Result, with_tools: bool, rebuilt: bool,
-               session_id: str | None) -> dict[str, Any]:
-    content, calls = tool_calls.parse(result.text) if with_tools else (result.text, [])
+def reply_message(text: str, tools: tuple[dict[str, Any], ...] | None) -> dict[str, Any]:
+    """The assistant message for a reply: tool calls parsed out when tools were offered."""
+    content, calls = tool_calls.parse(text, tool_calls.names_of(tools)) if tools else (text, [])
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
+    return message
+
+
+def completion(req_id: str, model: str, result: Result, tools: tuple[dict[str, Any], ...] | None,
+               rebuilt: bool, session_id: str | None) -> dict[str, Any]:
+    message = reply_message(result.text, tools)
+    calls = message.get("tool_calls", [])
     body = {
         "id": req_id, "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(result, calls),

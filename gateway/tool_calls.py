@@ -10,30 +10,51 @@ import orjson
 
 OPEN = "<tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 
 
-def parse(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split model output into (content, OpenAI tool_calls)."""
-    if OPEN not in text:
-        return text, []
-    calls = []
-    for body in _CALL.findall(text):
-        try:
-            obj = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            continue
-        args = obj.get("arguments", {})
-        calls.append({
-            "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+def _call(obj: Any, names: set[str] | None) -> dict[str, Any] | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    if names is not None and obj["name"] not in names:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": obj["name"],
-                         "arguments": args if isinstance(args, str) else orjson.dumps(args).decode()},
-        })
-    if not calls:
-        return text, []
-    content = text[: text.index(OPEN)].strip()
-    return (content or None), calls
+                         "arguments": args if isinstance(args, str) else orjson.dumps(args).decode()}}
+
+
+def _loads(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def parse(text: str, names: set[str] | None = None) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split model output into (content, OpenAI tool_calls).
+
+    Qwen's format is ``<tool_call>{json}</tool_call>``; small models often answer
+    with a bare (or fenced) JSON call instead, accepted when it names a known tool."""
+    if OPEN in text:
+        calls = [c for body in _CALL.findall(text) if (c := _call(_loads(body), names)) is not None]
+        content = text[: text.index(OPEN)].strip() or None
+        return (content, calls) if calls else (text, [])
+    if names:
+        stripped = text.strip()
+        fenced = _FENCE.match(stripped)
+        doc = _loads(fenced.group(1) if fenced else stripped)
+        items = doc if isinstance(doc, list) else [doc]
+        calls = [c for item in items if (c := _call(item, names)) is not None]
+        if calls and len(calls) == len(items):
+            return None, calls
+    return text, []
+
+
+def names_of(tools: Any) -> set[str] | None:
+    if not tools:
+        return None
+    return {t["function"]["name"] for t in tools if isinstance(t.get("function", {}).get("name"), str)}
 
 
 def for_template(message: dict[str, Any]) -> dict[str, Any]:

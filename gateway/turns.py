@@ -16,7 +16,7 @@ import structlog
 from core.decode import StopMatcher
 from core.engine import Engine
 from core.prompt import Prompt
-from gateway import tool_calls
+from gateway import protocol, tool_calls
 from gateway.metrics import Metrics
 from gateway.protocol import ChatRequest
 from sessions.manager import Session, SessionManager, TurnOutcome
@@ -35,15 +35,25 @@ class Turn:
     task: asyncio.Task[TurnOutcome] | None = None
 
     async def pieces(self) -> AsyncIterator[str]:
-        """Text as generated; with tools, text from ``<tool_call>`` on is held for parsing."""
-        hold = StopMatcher((tool_calls.OPEN,)) if self.request.tools else None
-        while (piece := await self.queue.get()) is not None:
-            if hold is not None:
-                if hold.stopped:
-                    continue
-                piece = hold.feed(piece)
-            if piece:
+        """Text as generated.  With tools, text that may be a call is held back: from
+        ``<tool_call>`` on, and a reply that opens like bare JSON until it is parsed."""
+        if not self.request.tools:
+            while (piece := await self.queue.get()) is not None:
                 yield piece
+            return
+        cut = StopMatcher((tool_calls.OPEN,))
+        held, json_like = "", None
+        while (piece := await self.queue.get()) is not None:
+            text = "" if cut.stopped else cut.feed(piece)
+            if json_like is None and (held + text).strip():
+                json_like = (held + text).lstrip().startswith(("{", "[", "```"))
+            if json_like is None or json_like:
+                held += text
+            elif text:
+                yield text
+        if held and self.task is not None and not self.task.cancelled() and self.task.exception() is None:
+            if "tool_calls" not in protocol.reply_message(self.task.result().result.text, self.request.tools):
+                yield held
 
     async def outcome(self) -> TurnOutcome:
         assert self.task is not None
@@ -86,7 +96,7 @@ class TurnRunner:
         if turn.session is not None:
             if not turn.session.store_synced:
                 self.metrics.store_errors += 1
-            reply = outcome_message(outcome, bool(turn.request.tools))
+            reply = outcome_message(outcome, turn.request.tools)
             turn.session.messages = [*turn.request.messages, reply]
         log.info("turn_done", status=t.status, reason=t.reason, n_prompt=t.n_prompt, cache_n=t.cache_n,
                  spec_prefill_n=t.spec_prefill_n, spec_cache_n=t.spec_cache_n, kept_n=t.n_kept,
@@ -98,9 +108,7 @@ class TurnRunner:
         return outcome
 
 
-def outcome_message(outcome: TurnOutcome, with_tools: bool) -> dict[str, Any]:
-    content, calls = tool_calls.parse(outcome.result.text) if with_tools else (outcome.result.text, [])
-    message: dict[str, Any] = {"role": "assistant", "content": content or ""}
-    if calls:
-        message["tool_calls"] = calls
+def outcome_message(outcome: TurnOutcome, tools: tuple[dict[str, Any], ...] | None) -> dict[str, Any]:
+    message = protocol.reply_message(outcome.result.text, tools)
+    message["content"] = message["content"] or ""
     return message

@@ -89,7 +89,7 @@ async def stream_turn(ws: web.WebSocketResponse, turn: Turn) -> None:
             await ws.send_json(ws_error(exc))
         return
     result = outcome.result
-    message = outcome_message(outcome, bool(turn.request.tools))
+    message = outcome_message(outcome, turn.request.tools)
     finish = "cancelled" if result.finish_reason == "cancelled" else \
         protocol.finish_reason(result, message.get("tool_calls", []))
     if not ws.closed:

@@ -40,3 +40,35 @@ def test_planted_fact_survives_sparse_prefill(qwen_pair, mode):
     assert r.timings.status == "active"
     assert r.timings.n_kept < 0.6 * r.timings.n_prompt
     assert "TANGO-58" in r.text, r.text
+
+
+def test_openai_client_tool_call_round_trip_on_the_real_pair():
+    """The official client, unchanged but for base_url, gets a parsed tool call back."""
+    import json
+
+    import openai
+
+    from tests.conftest import start_gateway
+
+    gw = start_gateway(real_model(model_store.TARGET), real_model(model_store.SPECULATOR))
+    try:
+        client = openai.OpenAI(base_url=gw.base + "/v1", api_key="unused", max_retries=0)
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "Get the current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        question = [{"role": "user", "content": "What's the weather in Oslo right now?"}]
+        reply = client.chat.completions.create(model="specgate", messages=question, tools=tools, max_tokens=64)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        call = reply.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments)["city"] == "Oslo"
+        assert reply.model_extra["timings"]["specprefill"] in ("skipped_tool_guard", "skipped_min_tokens")
+        stream = client.chat.completions.create(model="specgate", messages=question, tools=tools, max_tokens=64,
+                                                stream=True)
+        chunks = [c for c in stream if c.choices]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
+        streamed = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        assert streamed[0].function.name == "get_weather"
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    finally:
+        gw.stop()
