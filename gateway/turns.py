@@ -56,7 +56,8 @@ class Turn:
                 yield held
 
     async def outcome(self) -> TurnOutcome:
-        assert self.task is not None
+        if self.task is None:
+            raise RuntimeError("turn was never started")
         return await self.task
 
 
