@@ -165,15 +165,21 @@ class Engine:
         return planner.plan(n_select, n_score, policy, verdict, self.speeds)
 
     def score(self, kv: SeqState, tokens: tuple[int, ...], policy: PolicyConfig, t: Timings) -> np.ndarray:
+        """Per-token importance over all of ``tokens`` (see :meth:`capture_steps`)."""
+        steps = self.capture_steps(kv, tokens, policy.lookahead, t)
+        return importance(steps, len(tokens), policy.pool_kernel, policy.boost_first_n, policy.boost_first_mult,
+                          policy.boost_last_n, policy.boost_last_mult)
+
+    def capture_steps(self, kv: SeqState, tokens: tuple[int, ...], lookahead: int, t: Timings) -> list[np.ndarray]:
         """Prefill the speculator's missing tokens without capture, then capture the last
-        prompt token's row and ``lookahead`` greedy steps; returns importance over all tokens."""
+        prompt token's row and ``lookahead`` greedy steps: [n_layer, n_head, n_keys] each."""
         ctx, n = self.spec_ctx, len(tokens)
         t0 = time.perf_counter()
         base = self._sync(ctx, kv, tokens[:-1])
         t1 = time.perf_counter()
         steps = []
         tok = tokens[-1]
-        for step in range(policy.lookahead + 1):
+        for step in range(lookahead + 1):
             pos = base + step
             if pos >= ctx.n_ctx:
                 break
@@ -188,8 +194,7 @@ class Engine:
         t.lookahead_ms = (t2 - t1) * 1e3
         self.speeds.observe_spec_prefill(t.spec_prefill_n, t1 - t0)
         self.speeds.observe_spec_step((t2 - t1) / max(1, len(steps)))
-        return importance(steps, n, policy.pool_kernel, policy.boost_first_n, policy.boost_first_mult,
-                          policy.boost_last_n, policy.boost_last_mult)
+        return steps
 
     @staticmethod
     def _rollback(ctx: Context, kv: SeqState, n_keep: int) -> None:
@@ -245,7 +250,7 @@ class Engine:
             if kept.size == len(delta):
                 t.status, t.reason = planner.Status.KEPT_ALL.value, "selection kept every token"
         t.n_kept, t.n_runs = int(kept.size), len(runs(kept))
-        gen = self._prefill_and_decode(kv.target, delta, kept, policy.position_mode, sampling, on_text, t)
+        gen = self.prefill_and_decode(kv.target, delta, kept, policy.position_mode, sampling, on_text, t)
         t.ttft_ms = t.scoring_ms + t.prefill_ms + gen.first_token_s * 1e3
         if persistent:
             # keep the speculator in step (prompt + reply) so the next turn scores only its delta
@@ -254,7 +259,7 @@ class Engine:
             t.spec_prefill_n = n - p if decision.score else 0
         return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q)
 
-    def _prefill_and_decode(self, kv: SeqState, delta: tuple[int, ...], kept: np.ndarray, mode: str,
+    def prefill_and_decode(self, kv: SeqState, delta: tuple[int, ...], kept: np.ndarray, mode: str,
                             sampling: SamplingParams, on_text: OnText | None, t: Timings) -> Generation:
         ctx = self.target_ctx
         # original mode keeps logical positions (bridging any gap); compact packs after the cache

@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_flags(pre, SamplingParams, {}, skip=("stop",))
     pre.set_defaults(func=prefill_cmd.run)
 
+    from ops import bench
+
+    bench_p = sub.add_parser("bench", help="benchmarks: first-turn TTFT, multi-turn sessions, gateway overhead")
+    bench.add_arguments(bench_p)
+    bench_p.set_defaults(func=bench.run)
+
     serve = sub.add_parser("serve", help="run the HTTP/WebSocket gateway")
     add_dataclass_flags(serve, GatewayConfig, GATEWAY_HELP)
     add_dataclass_flags(serve, EngineConfig, ENGINE_HELP)

@@ -1,8 +1,8 @@
 """A scripted 6-turn agent session against a running gateway, over HTTP or WebSocket.
 
     specgate serve &                       # the Qwen pair at default policy
-    python ops/session_demo.py --transport http --out results/sessions/http.json
-    python ops/session_demo.py --transport ws   --out results/sessions/ws.json
+    python -m ops.session_demo --transport http --out results/sessions/http.json
+    python -m ops.session_demo --transport ws   --out results/sessions/ws.json
 
 Each turn adds a tool-result-like document (sizes alternate long/short, so some
 deltas cross min_tokens and some do not) and asks about it; the script prints
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -22,8 +21,7 @@ import aiohttp
 import httpx
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from needle_prompt import filler  # noqa: E402
+from ops.textgen import filler
 
 WORDS = [1150, 220, 900, 160, 850, 120]  # ~1.3 tokens per word
 FIELDS = ("specprefill", "context_n", "spec_prefill_n", "spec_cache_n", "prompt_n", "cache_n", "kept_n",

@@ -1,6 +1,7 @@
-"""Write a chat JSON prompt of about N tokens with one planted fact, asked for at the end.
+"""Deterministic text for prompts, benchmarks and evals: varied filler sentences
+and a needle prompt (a chat JSON with one planted fact, asked for at the end).
 
-    python ops/needle_prompt.py --words 2200 --depth 0.3 > /tmp/needle.json
+    python -m ops.textgen --words 2650 --depth 0.3 > /tmp/needle.json
 """
 
 from __future__ import annotations

@@ -1,0 +1,78 @@
+"""``specgate bench``: run the benchmark scenarios, write JSON results and PNG plots.
+
+    specgate bench                       # all scenarios, full sizes
+    specgate bench --quick               # a few minutes
+    specgate bench first_turn --lengths 1024,2048
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from core import model_store
+from core.config import EngineConfig, PolicyConfig, build
+from core.errors import ConfigError
+
+SCENARIOS = ("first_turn", "multi_turn", "overhead")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenarios", nargs="*", default=[],
+                        help=f"which to run: {', '.join(SCENARIOS)} (default: all)")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a few minutes in all")
+    parser.add_argument("--lengths", help="first_turn prompt lengths, comma-separated tokens")
+    parser.add_argument("--out", default="results/bench", help="results folder")
+    parser.add_argument("--target", default=None)
+    parser.add_argument("--speculator", default=None)
+
+
+def derived(n_blocks: int) -> str:
+    from core.gguf_tools import truncate_blocks
+
+    src = model_store.model_path(model_store.SPECULATOR)
+    d = model_store.models_dir() / "derived"
+    d.mkdir(parents=True, exist_ok=True)
+    dst = d / f"qwen0.5b-{n_blocks}blk-{model_store.SPECULATOR.sha256[:8]}.gguf"
+    if not dst.exists():
+        truncate_blocks(src, dst, n_blocks)
+    return str(dst)
+
+
+def run(args: argparse.Namespace) -> int:
+    import orjson  # the bench extras are needed only from here on
+
+    from ops import bench_first_turn, bench_serving, plots
+    from ops.bench_common import progress
+
+    out = Path(args.out)
+    suffix = "_quick" if args.quick else ""
+    engine = build(EngineConfig, {"target": args.target, "speculator": args.speculator})
+    engine = EngineConfig(target=engine.target or str(model_store.model_path(model_store.TARGET)),
+                          speculator=engine.speculator or str(model_store.model_path(model_store.SPECULATOR)),
+                          n_threads=engine.n_threads)
+    chosen = args.scenarios or list(SCENARIOS)
+    unknown = set(chosen) - set(SCENARIOS)
+    if unknown:
+        raise ConfigError(f"unknown scenario(s) {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
+    summaries: dict[str, Any] = {}
+    if "first_turn" in chosen:
+        lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else \
+            ([1024, 2048] if args.quick else [1024, 2048, 4096, 8192])
+        rows = bench_first_turn.run(engine, build(PolicyConfig), lengths, out / f"first_turn{suffix}.json")
+        plots.first_turn(rows, out / f"first_turn{suffix}.png")
+        summaries["first_turn"] = rows
+    if "multi_turn" in chosen:
+        s = bench_serving.multi_turn(engine, args.quick, out / f"multi_turn{suffix}.json")
+        plots.multi_turn(s, out / f"multi_turn{suffix}.png")
+        summaries["multi_turn"] = s
+    if "overhead" in chosen:
+        path = out / f"overhead{suffix}.json"
+        s = bench_serving.overhead(derived(3), derived(2), args.quick, path)
+        doc = orjson.loads(path.read_bytes())
+        plots.overhead(doc["overhead_ms"], s["concurrency"], out / f"overhead{suffix}.png")
+        summaries["overhead"] = s
+    progress("done")
+    print(orjson.dumps(summaries, option=orjson.OPT_INDENT_2).decode())
+    return 0
