@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(bench_p)
     bench_p.set_defaults(func=bench.run)
 
+    from ops import eval_run
+
+    eval_p = sub.add_parser("eval", help="answer-quality harness: dense vs SpecPrefill settings on generated tasks")
+    eval_run.add_arguments(eval_p)
+    eval_p.set_defaults(func=eval_run.run)
+
     serve = sub.add_parser("serve", help="run the HTTP/WebSocket gateway")
     add_dataclass_flags(serve, GatewayConfig, GATEWAY_HELP)
     add_dataclass_flags(serve, EngineConfig, ENGINE_HELP)
