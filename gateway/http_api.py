@@ -47,7 +47,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await stream_turn(request, turn, model)
     try:
         async for _ in turn.pieces():
-            pass
+            if request.transport is None or request.transport.is_closing():
+                turn.cancel.set()  # the client left: stop generating for nobody
         outcome = await turn.outcome()
     finally:
         turn.cancel.set()
