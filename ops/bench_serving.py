@@ -74,11 +74,13 @@ def specgate_cmd(port: int, engine: EngineConfig, **extra: Any) -> list[str]:
     return cmd
 
 
-def llama_server_cmd(port: int, engine: EngineConfig) -> list[str]:
+def llama_server_cmd(port: int, engine: EngineConfig, cache: bool) -> list[str]:
+    """llama-cpp-python's server; it always reuses the live context's longest prefix,
+    and ``--cache`` adds its RAM prompt cache of saved states on top."""
     threads = str(engine.n_threads)
     return [sys.executable, "-m", "llama_cpp.server", "--model", engine.target, "--n_ctx", str(engine.n_ctx),
-            "--n_threads", threads, "--n_threads_batch", threads, "--flash_attn", "true", "--cache", "true",
-            "--port", str(port), "--host", "127.0.0.1"]
+            "--n_threads", threads, "--n_threads_batch", threads, "--flash_attn", "true",
+            "--cache", str(cache).lower(), "--port", str(port), "--host", "127.0.0.1"]
 
 
 def tool_turn(i: int, n_tokens: int, rng: random.Random) -> tuple[dict[str, str], str]:
@@ -110,9 +112,10 @@ async def stream_turn(client: httpx.AsyncClient, messages: list[dict], session: 
             "total_s": time.perf_counter() - t0, "answer": text, "timings": timings}
 
 
-async def agent_session(base: str, sizes: list[int], use_session: bool, label: str) -> list[dict[str, Any]]:
+async def agent_session(base: str, sizes: list[int], use_session: bool, label: str,
+                        rows: list[dict[str, Any]]) -> None:
+    """Appends each turn's row to ``rows`` as it completes."""
     rng = random.Random(2026)
-    rows = []
     async with httpx.AsyncClient(base_url=base, timeout=1800) as client:
         session = None
         if use_session:
@@ -126,33 +129,54 @@ async def agent_session(base: str, sizes: list[int], use_session: bool, label: s
             messages.append({"role": "assistant", "content": r["answer"]})
             rows.append({"turn": i + 1, "tool_tokens": n, "correct": marker in r["answer"], **r})
             progress(f"  ttft {r['ttft_s']:.1f}s answer {r['answer'].strip()[:24]!r}")
-    return rows
 
 
-def multi_turn(engine: EngineConfig, quick: bool, out: Path) -> dict[str, Any]:
+ARMS = ("specgate_sessions", "specgate_stateless", "llama_cpp_server", "llama_cpp_server_cache")
+
+
+def run_arm(arm: str, engine: EngineConfig, sizes: list[int], logs: Path) -> dict[str, Any]:
+    """One arm; a server that dies mid-session is a result too (its turns so far and the error)."""
+    port = free_port()
+    if arm.startswith("specgate"):
+        cmd, log = specgate_cmd(port, engine), logs / f"{arm}.log"
+    else:
+        cmd, log = llama_server_cmd(port, engine, cache=arm.endswith("_cache")), logs / f"{arm}.log"
+    rows: list[dict[str, Any]] = []
+    try:
+        with server(cmd, port, log) as base:
+            asyncio.run(agent_session(base, sizes, arm == "specgate_sessions", arm, rows))
+        return {"rows": rows, "error": None}
+    except (httpx.HTTPError, RuntimeError) as exc:
+        progress(f"multi_turn[{arm}] failed after {len(rows)} turns: {exc!r}")
+        return {"rows": rows, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def multi_turn(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
     sizes = QUICK_TOOL_TOKENS if quick else TOOL_TOKENS
     n_ctx = 16384 if not quick else 8192
     engine = EngineConfig(target=engine.target, speculator=engine.speculator, n_ctx=n_ctx,
                           n_threads=engine.n_threads)
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    arms: dict[str, list[dict[str, Any]]] = {}
-    port = free_port()
-    with server(specgate_cmd(port, engine), port, logs / "specgate.log") as base:
-        arms["specgate_sessions"] = asyncio.run(agent_session(base, sizes, True, "specgate sessions"))
-        arms["specgate_stateless"] = asyncio.run(agent_session(base, sizes, False, "specgate stateless"))
-    port = free_port()
-    with server(llama_server_cmd(port, engine), port, logs / "llama_cpp_server.log") as base:
-        arms["llama_cpp_server"] = asyncio.run(agent_session(base, sizes, False, "llama_cpp.server"))
-    summary = {arm: {"total_ttft_s": round(sum(r["ttft_s"] for r in rows), 2),
-                     "ttft_s": [round(r["ttft_s"], 2) for r in rows],
-                     "correct": sum(r["correct"] for r in rows), "turns": len(rows)}
-               for arm, rows in arms.items()}
-    base_total = summary["llama_cpp_server"]["total_ttft_s"]
-    for arm in summary:
-        summary[arm]["speedup_vs_llama_cpp_server"] = round(base_total / summary[arm]["total_ttft_s"], 3)
-    write_result(out, "multi_turn", {"tool_tokens": sizes, "n_ctx": n_ctx, "arms": arms, "summary": summary},
-                 {"target": engine.target, "speculator": engine.speculator})
+    results: dict[str, dict[str, Any]] = {}
+    for arm in arms:
+        results[arm] = run_arm(arm, engine, sizes, logs)
+        write_result(out, "multi_turn", {"tool_tokens": sizes, "n_ctx": n_ctx, "arms": results,
+                                         "summary": summarize_arms(results, len(sizes))},
+                     {"target": engine.target, "speculator": engine.speculator})
+    return summarize_arms(results, len(sizes))
+
+
+def summarize_arms(results: dict[str, dict[str, Any]], n_turns: int) -> dict[str, Any]:
+    summary = {arm: {"total_ttft_s": round(sum(r["ttft_s"] for r in res["rows"]), 2),
+                     "ttft_s": [round(r["ttft_s"], 2) for r in res["rows"]],
+                     "correct": sum(r["correct"] for r in res["rows"]), "turns": len(res["rows"]),
+                     "completed": len(res["rows"]) == n_turns and res["error"] is None, "error": res["error"]}
+               for arm, res in results.items()}
+    base = summary.get("llama_cpp_server")
+    for s in summary.values():
+        if base and base["completed"] and s["completed"]:
+            s["speedup_vs_llama_cpp_server"] = round(base["total_ttft_s"] / s["total_ttft_s"], 3)
     return summary
 
 

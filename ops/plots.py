@@ -33,11 +33,11 @@ def first_turn(summary: list[dict[str, Any]], out: Path) -> None:
 
 def multi_turn(summary: dict[str, Any], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    width = 0.27
+    width = 0.8 / max(1, len(summary))
     for k, (arm, s) in enumerate(summary.items()):
         turns = range(1, len(s["ttft_s"]) + 1)
-        ax.bar([t + (k - 1) * width for t in turns], s["ttft_s"], width,
-               label=f"{arm} (total {s['total_ttft_s']:.0f}s)")
+        total = f"total {s['total_ttft_s']:.0f}s" if s["completed"] else f"died after {s['turns']} turns"
+        ax.bar([t - 0.4 + (k + 0.5) * width for t in turns], s["ttft_s"], width, label=f"{arm} ({total})")
     ax.set_xlabel("turn")
     ax.set_ylabel("TTFT (s)")
     ax.set_title("6-turn agent session: TTFT per turn")
