@@ -111,6 +111,9 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
     arms = settings(quick, truncated)
     tasks = eval_tasks.generate(per_family, seed, words)
     rows: list[dict[str, Any]] = []
+    meta = {"params": {"per_family": per_family, "seed": seed, "words": words},
+            "models": {"target": target, "speculator": speculator,
+                       **{f"scorer_K{k}": derived(k) for k in truncated}}}
     try:
         for i, task in enumerate(tasks):
             prompt = engine.chat.render(list(task.messages))
@@ -129,18 +132,22 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
                                 steps[s.scorer][1], overlap))
             done = [r for r in rows if r["task"] == task.id]
             progress("  " + " ".join(f"{r['setting']}={'+' if r['correct'] else '-'}" for r in done))
+            save(rows, arms, meta, out)  # after every task: a stopped run keeps what it measured
     finally:
         engine.close()
         for scorer in scorers.values():
             scorer.close()
     from ops import plots  # matplotlib only when results are written
 
-    summary = summarize(rows, arms)
-    write_result(out / "eval.json", "eval", {"per_family": per_family, "seed": seed, "words": words,
-                                           "settings": [asdict(s) for s in arms], "rows": rows, "summary": summary},
-                 {"target": target, "speculator": speculator,
-                  **{f"scorer_K{k}": derived(k) for k in truncated}})
+    summary = save(rows, arms, meta, out)
     plots.eval_accuracy(summary, out / "eval.png")
+    return summary
+
+
+def save(rows: list[dict[str, Any]], arms: list[Setting], meta: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    summary = summarize(rows, arms)
+    write_result(out / "eval.json", "eval", {**meta["params"], "settings": [asdict(s) for s in arms],
+                                           "rows": rows, "summary": summary}, meta["models"])
     return summary
 
 
