@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes: a few minutes in all")
     parser.add_argument("--lengths", help="first_turn prompt lengths, comma-separated tokens")
     parser.add_argument("--out", default="results/bench", help="results folder")
+    parser.add_argument("--arms", help="multi_turn arms to (re)run, comma-separated (default: all)")
     parser.add_argument("--target", default=None)
     parser.add_argument("--speculator", default=None)
 
@@ -64,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
         plots.first_turn(rows, out / f"first_turn{suffix}.png")
         summaries["first_turn"] = rows
     if "multi_turn" in chosen:
-        s = bench_serving.multi_turn(engine, args.quick, out / f"multi_turn{suffix}.json")
+        arms = tuple(args.arms.split(",")) if args.arms else bench_serving.ARMS
+        if set(arms) - set(bench_serving.ARMS):
+            raise ConfigError(f"unknown arm(s); known: {', '.join(bench_serving.ARMS)}")
+        s = bench_serving.multi_turn(engine, args.quick, out / f"multi_turn{suffix}.json", arms)
         plots.multi_turn(s, out / f"multi_turn{suffix}.png")
         summaries["multi_turn"] = s
     if "overhead" in chosen:

@@ -159,6 +159,8 @@ def multi_turn(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ..
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, Any]] = {}
+    if out.exists():  # re-running some arms keeps the others' results
+        results = {k: v for k, v in orjson.loads(out.read_bytes()).get("arms", {}).items() if k in ARMS}
     for arm in arms:
         results[arm] = run_arm(arm, engine, sizes, logs)
         write_result(out, "multi_turn", {"tool_tokens": sizes, "n_ctx": n_ctx, "arms": results,
