@@ -1,0 +1,92 @@
+"""SpecAttn policy math (pure numpy): sorting-free top-p selection and the
+monotone KL layer map between draft and target attention.
+
+These are the model-free parts of the second source design; the speculative
+decoding loop and sparse verification build on them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def top_p_threshold(attn: np.ndarray, p: float, rounds: int = 10) -> np.ndarray:
+    """Per row, a threshold t in [0, max(a)] such that the cells with a >= t hold
+    at least ``p`` of the row's mass, found by ``rounds`` of bisection (no sort).
+
+    ``attn``: [..., n] non-negative.  Returns [...] thresholds.
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    a = np.asarray(attn, dtype=np.float64)
+    target = p * a.sum(axis=-1, keepdims=True)
+    lo = np.zeros(a.shape[:-1] + (1,))
+    hi = a.max(axis=-1, keepdims=True)
+    for _ in range(rounds):
+        mid = (lo + hi) / 2
+        mass = np.where(a >= mid, a, 0.0).sum(axis=-1, keepdims=True)
+        enough = mass >= target
+        lo = np.where(enough, mid, lo)  # mid still keeps enough: try a higher threshold
+        hi = np.where(enough, hi, mid)
+    return lo[..., 0]
+
+
+def top_p_mask(attn: np.ndarray, p: float, rounds: int = 10) -> np.ndarray:
+    """Boolean mask of the selected cells: a >= threshold (mass >= p guaranteed)."""
+    a = np.asarray(attn)
+    return np.asarray(a >= top_p_threshold(a, p, rounds)[..., None])
+
+
+def union_over_steps(masks: np.ndarray) -> np.ndarray:
+    """[gamma, ..., n] step masks -> [..., n]: a cell is kept if any draft step wants it."""
+    return np.asarray(np.asarray(masks, dtype=bool).any(axis=0))
+
+
+def top_p_mask_sorted(attn: np.ndarray, p: float) -> np.ndarray:
+    """Reference: the smallest set by descending weight whose mass >= p (ties kept whole)."""
+    a = np.asarray(attn, dtype=np.float64)
+    order = np.sort(a, axis=-1)[..., ::-1]
+    csum = np.cumsum(order, axis=-1)
+    k = (csum < p * a.sum(axis=-1, keepdims=True) - 1e-12).sum(axis=-1)
+    cut = np.take_along_axis(order, np.minimum(k, a.shape[-1] - 1)[..., None], axis=-1)
+    return np.asarray(a >= cut)
+
+
+def kl_similarity(target: np.ndarray, draft: np.ndarray, eps: float = 1e-9) -> np.ndarray:
+    """S[i, j] = -KL(A_target_j || A_draft_i) for per-layer distributions.
+
+    ``target``: [m, n] and ``draft``: [d, n], one attention distribution per layer
+    (rows are renormalized).  Returns [d, m].
+    """
+    t = np.asarray(target, dtype=np.float64) + eps
+    d = np.asarray(draft, dtype=np.float64) + eps
+    t /= t.sum(axis=1, keepdims=True)
+    d /= d.sum(axis=1, keepdims=True)
+    cross = t @ np.log(d).T  # [m, d]: sum_k t_jk log d_ik
+    entropy = (t * np.log(t)).sum(axis=1, keepdims=True)  # [m, 1]
+    return -(entropy - cross).T
+
+
+def monotone_layer_map(similarity: np.ndarray) -> np.ndarray:
+    """Non-decreasing f: target layer j -> draft layer i maximizing sum_j S[f(j), j].
+
+    Dynamic programming over (target layer, draft layer): best[j, i] is the best
+    total for target layers 0..j with f(j) = i.  ``similarity``: [d, m].
+    """
+    s = np.asarray(similarity, dtype=np.float64)
+    n_draft, n_target = s.shape
+    best = np.empty((n_target, n_draft))
+    back = np.zeros((n_target, n_draft), dtype=np.int64)
+    best[0] = s[:, 0]
+    for j in range(1, n_target):
+        # f(j-1) <= f(j): the best predecessor of draft layer i is the argmax of best[j-1, :i+1]
+        arg = np.zeros(n_draft, dtype=np.int64)
+        for i in range(1, n_draft):
+            arg[i] = i if best[j - 1, i] > best[j - 1, arg[i - 1]] else arg[i - 1]
+        best[j] = best[j - 1, arg] + s[:, j]
+        back[j] = arg
+    mapping = np.empty(n_target, dtype=np.int64)
+    mapping[-1] = int(np.argmax(best[-1]))
+    for j in range(n_target - 1, 0, -1):
+        mapping[j - 1] = back[j, mapping[j]]
+    return mapping
