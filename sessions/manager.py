@@ -108,7 +108,6 @@ class SessionManager:
         self.scheduler = scheduler
         self._sessions: dict[str, Session] = {}
         self._resident: str | None = None
-        self.rebuilds = 0
 
     @property
     def live(self) -> int:
@@ -232,7 +231,6 @@ class SessionManager:
                 # dropped under the budget (or held by another replica): rebuild from scratch
                 session.kv.reset()
                 session.rebuilds += 1
-                self.rebuilds += 1
                 rebuilt = True
                 log.info("session_kv_rebuild", session_id=session.id)
             engine.load_kv(blobs)
