@@ -41,7 +41,8 @@ def field_default(f: dataclasses.Field) -> Any:
 
 @dataclass(slots=True, frozen=True)
 class PolicyConfig:
-    """SpecPrefill policy: scoring, selection, guard and break-even knobs."""
+    """Per-request engine policy: SpecPrefill (scoring, selection, guard, break-even)
+    and decoding (speculative decoding, SpecAttn sparse verification)."""
 
     enabled: bool = True
     lookahead: int = 1  # chosen by specgate eval: see README "Answer quality"
@@ -64,6 +65,10 @@ class PolicyConfig:
     guard_mode: str = "skip"
     guard_scan_tokens: int = 256
     guard_keywords: tuple[str, ...] = DEFAULT_GUARD_KEYWORDS
+    speculative: bool = False  # draft with the speculator, verify densely with the target
+    specattn: bool = False  # speculative decoding with SpecAttn's sparse verification (implies speculative)
+    gamma: int = 4
+    specattn_p: float = 0.95
 
     def __post_init__(self) -> None:
         _require(self.lookahead >= 0, f"lookahead must be >= 0, got {self.lookahead}")
@@ -81,6 +86,12 @@ class PolicyConfig:
         _require(self.safety > 0, f"safety must be > 0, got {self.safety}")
         _one_of("guard_mode", self.guard_mode, GUARD_MODES)
         _require(self.guard_scan_tokens >= 0, "guard_scan_tokens must be >= 0")
+        _require(1 <= self.gamma <= 16, f"gamma must be in [1, 16], got {self.gamma}")
+        _require(0.0 < self.specattn_p <= 1.0, f"specattn_p must be in (0, 1], got {self.specattn_p}")
+
+    @property
+    def decode_mode(self) -> str:
+        return "specattn" if self.specattn else "speculative" if self.speculative else "plain"
 
 
 @dataclass(slots=True, frozen=True)
@@ -96,6 +107,7 @@ class EngineConfig:
     n_ubatch: int = 512
     target_flash_attn: bool = True
     calibrate_tokens: int = 128
+    layer_map: str = ""  # SpecAttn layer map JSON; empty = the one `specgate calibrate` stored for this pair
 
     def __post_init__(self) -> None:
         _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import llama_cpp
 
 from core.config import SamplingParams
-from core.llama_bindings import Context
+from core.llama_bindings import Context, Model
 
 # Called with each new piece of text; return False to stop generating (client gone, cancel).
 OnText = Callable[[str], bool]
@@ -82,48 +82,67 @@ class Generation:
     n_decoded: int  # leading tokens of ``tokens`` that were decoded into the KV cache
 
 
+class TextStream:
+    """Sampled tokens -> text: EOG, stop strings, ``max_tokens`` and the caller's callback.
+
+    Shared by plain and speculative decoding, so both end a reply the same way."""
+
+    def __init__(self, model: Model, params: SamplingParams, on_text: OnText | None) -> None:
+        self.model = model
+        self.max_tokens = params.max_tokens
+        self.on_text = on_text
+        self.tokens: list[int] = []
+        self.finish = "length"
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._stops = StopMatcher(params.stop)
+        self._pieces: list[str] = []
+
+    def push(self, tok: int) -> bool:
+        """Take one sampled token; False when the reply is over."""
+        if self.model.is_eog(tok):
+            self.finish = "stop"
+            return False
+        self.tokens.append(tok)
+        emit = self._stops.feed(self._utf8.decode(self.model.token_bytes(tok)))
+        if emit:
+            self._pieces.append(emit)
+            if self.on_text is not None and not self.on_text(emit):
+                self.finish = "cancelled"
+                return False
+        if self._stops.stopped:
+            self.finish = "stop"
+            return False
+        return len(self.tokens) < self.max_tokens
+
+    def close(self) -> str:
+        """Flush held-back text (unless cancelled or stopped); returns the whole reply."""
+        if self.finish != "cancelled" and not self._stops.stopped:
+            tail = self._stops.flush() + self._utf8.decode(b"", final=True)
+            if tail:
+                self._pieces.append(tail)
+                if self.on_text is not None:
+                    self.on_text(tail)
+        return "".join(self._pieces)
+
+
 def generate(ctx: Context, n_past: int, params: SamplingParams,
              on_text: OnText | None = None) -> Generation:
     """Sample from the logits already in ``ctx`` (the prompt's last position is
     ``n_past - 1``) until EOG, a stop string, ``max_tokens`` or the callback says stop."""
-    model = ctx.model
     sampler = Sampler(params)
-    utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-    stops = StopMatcher(params.stop)
-    pieces: list[str] = []
-    tokens: list[int] = []
+    stream = TextStream(ctx.model, params, on_text)
     t0 = time.perf_counter()
     first_s = 0.0
-    finish = "length"
     n_decoded = 0
     try:
-        while len(tokens) < params.max_tokens:
+        while True:
             tok = sampler.sample(ctx)
-            if not tokens:
-                first_s = time.perf_counter() - t0
-            if model.is_eog(tok):
-                finish = "stop"
+            first_s = first_s or time.perf_counter() - t0
+            if not stream.push(tok) or n_past + len(stream.tokens) >= ctx.n_ctx:
                 break
-            tokens.append(tok)
-            emit = stops.feed(utf8.decode(model.token_bytes(tok)))
-            if emit:
-                pieces.append(emit)
-                if on_text is not None and not on_text(emit):
-                    finish = "cancelled"
-                    break
-            if stops.stopped:
-                finish = "stop"
-                break
-            if n_past + len(tokens) >= ctx.n_ctx:
-                break
-            ctx.decode([tok], n_past + len(tokens) - 1)
+            ctx.decode([tok], n_past + len(stream.tokens) - 1)
             n_decoded += 1
-        if finish != "cancelled":
-            tail = stops.flush() + utf8.decode(b"", final=True) if not stops.stopped else ""
-            if tail:
-                pieces.append(tail)
-                if on_text is not None:
-                    on_text(tail)
     finally:
         sampler.close()
-    return Generation("".join(pieces), tokens, finish, first_s, time.perf_counter() - t0, n_decoded)
+    text = stream.close()
+    return Generation(text, stream.tokens, stream.finish, first_s, time.perf_counter() - t0, n_decoded)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core import guard as tool_guard
-from core import planner
+from core import layer_map, planner
 from core.chat import ChatTemplate
 from core.config import EngineConfig, PolicyConfig, SamplingParams
 from core.decode import Generation, OnText, generate
@@ -26,6 +26,8 @@ from core.prefill import sparse_prefill
 from core.prompt import Prompt
 from core.scoring import importance
 from core.selection import runs, select_tokens
+from core.spec_decode import SparseVerify, SpeculativeDecoder
+from core.specattn import layer_weights
 
 VOCAB_PROBE = "SpecGate probe: fn get_weather(city) -> {\"temp\": 21.5} 東京 ✓"
 CALIBRATION_TEXT = (
@@ -52,6 +54,20 @@ class Timings:
     cache_n: int = 0  # target tokens reused from the session
     spec_cache_n: int = 0  # speculator tokens reused from the session
     spec_prefill_n: int = 0  # prompt tokens prefilled into the speculator this turn
+    decode_mode: str = "plain"  # plain | speculative | specattn
+    draft_sync_ms: float = 0.0  # bringing the draft up to the prompt before speculating
+    n_drafted: int = 0
+    n_accepted: int = 0
+    kv_cells_attended: int = 0  # target KV cells the verify batches attended (summed over rounds)
+    kv_cells_total: int = 0  # the same for dense verification
+
+    @property
+    def accept_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def kv_selected_frac(self) -> float:
+        return self.kv_cells_attended / self.kv_cells_total if self.kv_cells_total else 1.0
 
     @property
     def prompt_n(self) -> int:
@@ -97,7 +113,7 @@ class Engine:
             self.capture = AttentionCapture(self.speculator.n_layer)
             self.target_ctx = Context(self.target, n_ctx=config.n_ctx, n_batch=config.n_batch,
                                       n_ubatch=config.n_ubatch, n_threads=config.n_threads,
-                                      flash_attn=config.target_flash_attn)
+                                      flash_attn=config.target_flash_attn, views=True)
             self.spec_ctx = Context(self.speculator, n_ctx=config.speculator_n_ctx, n_batch=config.n_batch,
                                     n_ubatch=config.n_ubatch, n_threads=config.n_threads,
                                     flash_attn=False, capture=self.capture)
@@ -105,6 +121,7 @@ class Engine:
             self.close()
             raise
         self.chat = ChatTemplate(self.target)
+        self.layer_map = layer_map.load(self.target, self.speculator, config.layer_map)
         self.speeds = planner.Throughput()
         if config.calibrate_tokens:
             self.calibrate(config.calibrate_tokens)
@@ -258,7 +275,7 @@ class Engine:
             if kept.size == len(delta):
                 t.status, t.reason = planner.Status.KEPT_ALL.value, "selection kept every token"
         t.n_kept, t.n_runs = int(kept.size), len(runs(kept))
-        gen = self.prefill_and_decode(kv.target, delta, kept, policy.position_mode, sampling, on_text, t)
+        gen = self.prefill_and_decode(kv, delta, kept, policy, sampling, on_text, t, tokens)
         t.ttft_ms = t.scoring_ms + t.prefill_ms + gen.first_token_s * 1e3
         if persistent:
             # keep the speculator in step (prompt + reply) so the next turn scores only its delta
@@ -267,9 +284,10 @@ class Engine:
             t.spec_prefill_n = n - p if decision.score else 0
         return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q)
 
-    def prefill_and_decode(self, kv: SeqState, delta: tuple[int, ...], kept: np.ndarray, mode: str,
-                            sampling: SamplingParams, on_text: OnText | None, t: Timings) -> Generation:
-        ctx = self.target_ctx
+    def prefill_and_decode(self, kv_all: SessionKV, delta: tuple[int, ...], kept: np.ndarray,
+                           policy: PolicyConfig, sampling: SamplingParams, on_text: OnText | None,
+                           t: Timings, prompt: tuple[int, ...]) -> Generation:
+        ctx, kv, mode = self.target_ctx, kv_all.target, policy.position_mode
         # original mode keeps logical positions (bridging any gap); compact packs after the cache
         base = len(kv.tokens) if mode == "original" else kv.next_pos
         t0 = time.perf_counter()
@@ -279,8 +297,39 @@ class Engine:
         positions[kept] = np.arange(kept.size) + base if mode == "compact" else kept + base
         kv.extend(delta, positions.tolist())
         self.speeds.observe_target_prefill(int(kept.size), t.prefill_ms / 1e3)
-        gen = generate(ctx, n_past, sampling, on_text)
+        if policy.decode_mode == "plain":
+            gen = generate(ctx, n_past, sampling, on_text)
+        else:
+            gen = self.speculate(kv_all, prompt, policy, sampling, on_text, t)
         kv.extend(gen.tokens[: gen.n_decoded], range(n_past, n_past + gen.n_decoded))
         t.decode_ms = gen.decode_s * 1e3
         t.n_predicted = len(gen.tokens)
         return gen
+
+    def speculate(self, kv: SessionKV, prompt: tuple[int, ...], policy: PolicyConfig, sampling: SamplingParams,
+                  on_text: OnText | None, t: Timings) -> Generation:
+        """Speculative decoding from the prefilled target; the draft catches up on the
+        prompt after the first token is out (so it does not delay TTFT)."""
+        sparse = None
+        if policy.specattn:
+            weights = layer_weights(np.asarray(self.layer_map.mapping), self.speculator.n_layer)
+            sparse = SparseVerify(weights, policy.specattn_p)
+        decoder = SpeculativeDecoder(self.target_ctx, self.spec_ctx, self.capture, policy.gamma, sparse)
+
+        def draft_ready() -> tuple[list[int], int]:
+            t0 = time.perf_counter()
+            if kv.spec.tokens != list(prompt):
+                base = self._sync_speculator(kv.spec, prompt[:-1])
+                pending, pos = [prompt[-1]], base
+            else:
+                pending, pos = [], kv.spec.next_pos
+            t.draft_sync_ms = (time.perf_counter() - t0) * 1e3
+            return pending, pos
+
+        out = decoder.generate(kv.target.kv_pos, draft_ready, sampling, on_text)
+        kv.spec.extend(out.draft_committed, range(out.draft_pos, out.draft_pos + len(out.draft_committed)))
+        s = out.stats
+        t.decode_mode = policy.decode_mode
+        t.n_drafted, t.n_accepted = s.n_drafted, s.n_accepted
+        t.kv_cells_attended, t.kv_cells_total = s.cells_attended, s.cells_total
+        return out.gen

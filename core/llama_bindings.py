@@ -177,17 +177,28 @@ class AttentionCapture:
         self._rows[layer] = out
 
 
+VIEW_SEQ = 1  # the sparse-attention view of sequence 0 (SpecAttn verification)
+
+
 class Context:
-    """One llama.cpp context with a single sequence (seq 0) and its own batch."""
+    """One llama.cpp context holding one sequence (seq 0) and its own batch.
+
+    With ``views=True`` the KV cache is unified over two sequence ids, so that
+    seq 1 can be a per-step *view* of seq 0: ``seq_cp`` tags the selected cells
+    with seq 1 as well (no data is copied), a batch decoded with seq ids [1, 0]
+    attends only to the view and its new cells join both sequences, and
+    ``drop_view`` removes only the tag.  Seq 0 never loses a cell to a view.
+    """
 
     def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int,
-                 flash_attn: bool, capture: AttentionCapture | None = None) -> None:
+                 flash_attn: bool, capture: AttentionCapture | None = None, views: bool = False) -> None:
         self.model = model
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_ubatch
-        params.n_seq_max = 1
+        params.n_seq_max = 2 if views else 1
+        params.kv_unified = views
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
@@ -204,7 +215,7 @@ class Context:
         self.n_ctx = llama_cpp.llama_n_ctx(self._ptr)
         self.n_batch = n_batch
         self._mem = llama_cpp.llama_get_memory(self._ptr)
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 2)
 
     def close(self) -> None:
         if self._ptr:
@@ -216,8 +227,22 @@ class Context:
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
 
-    def pos_max(self) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0))
+    def pos_max(self, seq: int = 0) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq))
+
+    def pos_min(self, seq: int = 0) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq))
+
+    def make_view(self, spans: Sequence[tuple[int, int]]) -> None:
+        """Tag the cells at positions [p0, p1) of each span with the view sequence.
+        The spans must cover seq 0's first and last position (llama.cpp requires
+        coupled sequences to share their position range)."""
+        self.drop_view()
+        for p0, p1 in spans:
+            llama_cpp.llama_memory_seq_cp(self._mem, 0, VIEW_SEQ, p0, p1)
+
+    def drop_view(self) -> None:
+        llama_cpp.llama_memory_seq_rm(self._mem, VIEW_SEQ, -1, -1)
 
     def remove_from(self, pos: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self._mem, 0, pos, -1):
@@ -244,21 +269,29 @@ class Context:
             raise EngineError("could not restore a saved KV sequence")
 
     # -- decoding -----------------------------------------------------------
-    def decode(self, tokens: Sequence[int], start_pos: int, logits_last: bool = True) -> None:
-        """Decode ``tokens`` at positions start_pos.. in batches of n_batch."""
+    def decode(self, tokens: Sequence[int], start_pos: int, logits_last: bool = True,
+               logits_all: bool = False, through_view: bool = False) -> None:
+        """Decode ``tokens`` at positions start_pos.. in batches of n_batch.
+
+        ``logits_all`` keeps every token's logits (one batch at most, read with
+        :meth:`logits_at`); ``through_view`` attends through the view sequence."""
         n = len(tokens)
         if start_pos + n > self.n_ctx:
             raise PromptTooLong(start_pos + n, self.n_ctx, "sequence")
+        if logits_all and n > self.n_batch:
+            raise EngineError(f"logits for {n} tokens exceed one batch of {self.n_batch}")
         batch = self._batch
+        seqs = (VIEW_SEQ, 0) if through_view else (0,)
         for off in range(0, n, self.n_batch):
             part = tokens[off: off + self.n_batch]
             batch.n_tokens = len(part)
             for i, tok in enumerate(part):
                 batch.token[i] = tok
                 batch.pos[i] = start_pos + off + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = 0
+                batch.n_seq_id[i] = len(seqs)
+                for k, seq in enumerate(seqs):  # the first id picks the cells attended (the view)
+                    batch.seq_id[i][k] = seq
+                batch.logits[i] = logits_all
             last = off + len(part) == n
             if last and logits_last:
                 batch.logits[len(part) - 1] = 1
@@ -268,7 +301,13 @@ class Context:
 
     def logits(self) -> np.ndarray:
         """Logits of the last token that requested them (a copy)."""
-        ptr = llama_cpp.llama_get_logits_ith(self._ptr, -1)
+        return self.logits_at(-1)
+
+    def logits_at(self, i: int) -> np.ndarray:
+        """Logits of the i-th token of the last batch (a copy)."""
+        ptr = llama_cpp.llama_get_logits_ith(self._ptr, i)
+        if not ptr:
+            raise EngineError(f"no logits for batch index {i}")
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
 
     @property

@@ -84,6 +84,25 @@ def _stamp_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
+def cached_sha256(path: Path) -> str:
+    """sha256 of any model file, remembered in the same stamp file as :func:`is_verified`
+    (keyed by size and mtime, so an edited file is hashed again)."""
+    st = path.stat()
+    stamp = _stamp_path(path)
+    try:
+        digest, size, mtime = stamp.read_text().split()
+        if int(size) == st.st_size and int(mtime) == st.st_mtime_ns:
+            return digest
+    except (OSError, ValueError):
+        pass
+    digest = sha256_of(path)
+    try:
+        stamp.write_text(f"{digest} {st.st_size} {st.st_mtime_ns}\n")
+    except OSError:
+        pass  # a read-only models folder only costs a rehash next time
+    return digest
+
+
 def is_verified(spec: ModelSpec, path: Path) -> bool:
     """True when ``path`` holds the model; a stamp file avoids rehashing 1 GB each run."""
     if not path.is_file() or path.stat().st_size != spec.size:

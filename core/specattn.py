@@ -1,8 +1,13 @@
-"""SpecAttn policy math (pure numpy): sorting-free top-p selection and the
-monotone KL layer map between draft and target attention.
+"""SpecAttn policy math (pure numpy): sorting-free top-p selection, the
+monotone KL layer map between draft and target attention, and the one KV
+selection a verification step attends through.
 
-These are the model-free parts of the second source design; the speculative
-decoding loop and sparse verification build on them.
+llama.cpp applies one attention mask to every layer of a ubatch, so the
+sparse view here is a *single* cell selection for all target layers (the
+paper selects per layer and keeps the first 2 layers dense).  It is built from
+the draft layers the map points to: each draft layer's head-averaged attention
+row, weighted by how many target layers map to it, then top-p, then the union
+over the gamma draft steps.
 """
 
 from __future__ import annotations
@@ -90,3 +95,36 @@ def monotone_layer_map(similarity: np.ndarray) -> np.ndarray:
     for j in range(n_target - 1, 0, -1):
         mapping[j - 1] = back[j, mapping[j]]
     return mapping
+
+
+def proportional_map(n_target: int, n_draft: int) -> np.ndarray:
+    """The layer map used before ``specgate calibrate`` has run: relative depth."""
+    if n_target == 1:
+        return np.zeros(1, dtype=np.int64)
+    return np.rint(np.arange(n_target) * (n_draft - 1) / (n_target - 1)).astype(np.int64)
+
+
+def layer_weights(layer_map: np.ndarray, n_draft: int, skip_first: int = 0) -> np.ndarray:
+    """How many target layers (from ``skip_first`` on) point at each draft layer."""
+    return np.bincount(np.asarray(layer_map)[skip_first:], minlength=n_draft).astype(np.float64)
+
+
+def step_scores(step: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """One draft step's capture [n_layer, n_head, n_keys] -> per-key weights [n_keys]:
+    heads averaged (still a distribution per layer), layers mixed by ``weights``."""
+    per_layer = np.asarray(step, dtype=np.float64).mean(axis=1)
+    return np.asarray(weights @ per_layer / weights.sum())
+
+
+def select_cells(steps: list[np.ndarray], weights: np.ndarray, p: float, n_cells: int,
+                 keep_first: int = 4, rounds: int = 10) -> np.ndarray:
+    """Boolean mask over the first ``n_cells`` keys: the union over draft steps of each
+    step's top-p set, plus the first ``keep_first`` (attention sinks) and the last key."""
+    mask = np.zeros(n_cells, dtype=bool)
+    for step in steps:
+        scores = step_scores(step[..., :n_cells], weights)
+        mask[: scores.size] |= top_p_mask(scores, p, rounds)
+    mask[:keep_first] = True
+    if n_cells:
+        mask[-1] = True
+    return mask

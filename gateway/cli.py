@@ -28,6 +28,10 @@ POLICY_HELP = {
     "break_even": "skip when scoring would cost more than it saves",
     "safety": "break-even safety factor",
     "guard_mode": "skip | conservative (keep system/tool spans dense)",
+    "speculative": "speculative decoding: the speculator drafts, the target verifies",
+    "specattn": "speculative decoding with SpecAttn sparse verification (implies speculative)",
+    "gamma": "tokens drafted per speculative round",
+    "specattn_p": "SpecAttn: attention mass the verify view keeps (top-p)",
 }
 GATEWAY_HELP = {
     "redis_url": "redis://host:port/db for session metadata (empty = in-process store)",

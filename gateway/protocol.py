@@ -77,6 +77,25 @@ def parse_policy(base: PolicyConfig, raw: Any) -> PolicyConfig:
         raise ConfigError(f"specprefill: {exc}") from exc
 
 
+def parse_decoding(base: PolicyConfig, body: dict[str, Any]) -> PolicyConfig:
+    """``speculative``: a boolean or {"gamma": int}; ``specattn``: a boolean or
+    {"p": number, "gamma": int} (SpecAttn implies speculative decoding)."""
+    policy = base
+    for key, fields_ in (("speculative", {"gamma"}), ("specattn", {"gamma", "p"})):
+        raw = body.get(key)
+        if raw is None or isinstance(raw, bool):
+            policy = override(policy, **{key: raw})
+            continue
+        if not isinstance(raw, dict):
+            raise InvalidRequest(f"'{key}' must be a boolean or an object")
+        if unknown := set(raw) - fields_:
+            raise InvalidRequest(f"unknown {key} field(s) {sorted(unknown)}; known: {sorted(fields_)}")
+        gamma = _typed(raw, "gamma", int, "an integer")
+        p = _typed(raw, "p", (int, float), "a number")
+        policy = override(policy, **{key: True}, gamma=gamma, specattn_p=p)
+    return policy
+
+
 def parse_tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:
     tools = body.get("tools")
     if tools is None or body.get("tool_choice") == "none":
@@ -107,7 +126,7 @@ def parse_chat(body: Any, base_policy: PolicyConfig, header_session: str | None,
         stream=bool(_typed(body, "stream", bool, "a boolean")),
         include_usage=bool(stream_options.get("include_usage")),
         sampling=parse_sampling(body),
-        policy=parse_policy(base_policy, body.get("specprefill")),
+        policy=parse_decoding(parse_policy(base_policy, body.get("specprefill")), body),
         session_id=session_id,
         model=str(body.get("model") or ""),
     )
@@ -127,7 +146,18 @@ def timings(t: Timings, rebuilt: bool = False) -> dict[str, Any]:
         "scoring_ms": round(t.scoring_ms, 2), "prefill_ms": round(t.prefill_ms, 2),
         "ttft_ms": round(t.ttft_ms, 2), "predicted_n": t.n_predicted, "predicted_ms": round(t.decode_ms, 2),
         "predicted_per_second": round(t.n_predicted / predicted_s, 2) if predicted_s > 0 else None,
-        "kv_rebuilt": rebuilt,
+        "kv_rebuilt": rebuilt, **decoding_timings(t),
+    }
+
+
+def decoding_timings(t: Timings) -> dict[str, Any]:
+    if t.decode_mode == "plain":
+        return {"decode_mode": "plain"}
+    return {
+        "decode_mode": t.decode_mode, "draft_sync_ms": round(t.draft_sync_ms, 2),
+        "draft_n": t.n_drafted, "draft_accepted_n": t.n_accepted, "draft_acceptance": round(t.accept_rate, 4),
+        "kv_cells_attended": t.kv_cells_attended, "kv_cells_total": t.kv_cells_total,
+        "kv_selected_fraction": round(t.kv_selected_frac, 4),
     }
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from core import model_store
 from core.config import EngineConfig, PolicyConfig, SamplingParams
 from core.engine import Engine, Timings
-from core.kv_state import SeqState
+from core.kv_state import SeqState, SessionKV
 from core.scoring import importance
 from core.selection import select_tokens
 from ops import eval_tasks
@@ -74,7 +74,8 @@ def capture(engine: Engine, tokens: tuple[int, ...]) -> tuple[list[np.ndarray], 
 
 def answer(engine: Engine, tokens: tuple[int, ...], kept: np.ndarray, mode: str) -> str:
     engine.target_ctx.clear()
-    gen = engine.prefill_and_decode(SeqState(), tokens, kept, mode, ANSWER, None, Timings())
+    gen = engine.prefill_and_decode(SessionKV(), tokens, kept, PolicyConfig(position_mode=mode), ANSWER, None,
+                                    Timings(), tokens)
     return gen.text
 
 

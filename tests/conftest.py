@@ -28,10 +28,11 @@ def derived_dir() -> Path:
     return d
 
 
-def tiny(n_blocks: int) -> Path:
-    """A copy of the real speculator with only its first ``n_blocks`` blocks (cached)."""
-    src = real_model(model_store.SPECULATOR)
-    dst = derived_dir() / f"qwen0.5b-{n_blocks}blk-{model_store.SPECULATOR.sha256[:8]}.gguf"
+def tiny(n_blocks: int, spec: model_store.ModelSpec = model_store.SPECULATOR) -> Path:
+    """A copy of a real model (the speculator by default) with only its first ``n_blocks``
+    blocks (cached)."""
+    src = real_model(spec)
+    dst = derived_dir() / f"{spec.name}-{n_blocks}blk-{spec.sha256[:8]}.gguf"
     if not dst.exists():
         truncate_blocks(src, dst, n_blocks)
     return dst
@@ -65,6 +66,16 @@ def smol_engine(small_model: Path):
     """A real, coherent small model as both speculator and target: greedy outputs
     without the near-ties of the truncated models (for exact-equality tests)."""
     engine = Engine(EngineConfig(target=str(small_model), speculator=str(small_model),
+                                 n_ctx=4096, n_threads=2, calibrate_tokens=64))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def smol_pair_engine(small_model: Path):
+    """Full SmolLM2 as target, its first 20 blocks as draft: a draft that agrees often
+    but not always, so speculative rounds both accept and reject."""
+    engine = Engine(EngineConfig(target=str(small_model), speculator=str(tiny(20, model_store.SMALL)),
                                  n_ctx=4096, n_threads=2, calibrate_tokens=64))
     yield engine
     engine.close()

@@ -1,0 +1,196 @@
+"""Speculative decoding with the speculator as the draft, and SpecAttn's sparse verify.
+
+One round: the draft decodes gamma tokens one by one (capturing its attention
+rows when SpecAttn is on), the target verifies the input token and all drafts
+in one batch, the acceptance rule (core.spec_sampling) keeps a prefix, and
+both caches are cut back to what was accepted.  With SpecAttn the target's
+batch attends only through a view (core.llama_bindings.Context.make_view) of
+the cells the draft's attention selected; the full cache is never touched.
+
+Bookkeeping: ``positions[i]`` is the target KV position of logical token i (-1
+when a sparse prefill dropped it); the draft holds every logical token at
+position i; ``pending`` are tokens the draft has not decoded yet.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.config import SamplingParams
+from core.decode import Generation, OnText, TextStream
+from core.llama_bindings import AttentionCapture, Context
+from core.selection import runs
+from core.spec_sampling import accept_greedy, accept_stochastic, distribution, sample
+from core.specattn import select_cells
+
+DraftReady = Callable[[], tuple[list[int], int]]
+
+
+@dataclass(slots=True, frozen=True)
+class SparseVerify:
+    """SpecAttn's view policy: top-p mass ``p`` over draft layers mixed by ``weights``."""
+
+    weights: np.ndarray
+    p: float
+    keep_first: int = 4
+
+
+@dataclass(slots=True)
+class SpecStats:
+    n_rounds: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    cells_attended: int = 0  # target KV cells the verify batches attended, summed over rounds
+    cells_total: int = 0  # cells a dense verify would have attended
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def selected_frac(self) -> float:
+        return self.cells_attended / self.cells_total if self.cells_total else 1.0
+
+
+@dataclass(slots=True)
+class SpecGeneration:
+    gen: Generation
+    stats: SpecStats
+    draft_pos: int = 0
+    draft_committed: list[int] = field(default_factory=list)  # tokens the draft now holds from draft_pos on
+
+
+@dataclass(slots=True)
+class _Round:
+    drafts: list[int]
+    q_rows: list[np.ndarray]
+    steps: list[np.ndarray]
+
+
+class SpeculativeDecoder:
+    """Draft with ``draft``, verify with ``target``; one reply at a time."""
+
+    def __init__(self, target: Context, draft: Context, capture: AttentionCapture | None,
+                 gamma: int, sparse: SparseVerify | None = None) -> None:
+        self.target, self.draft, self.capture = target, draft, capture
+        self.gamma, self.sparse = gamma, sparse
+
+    def generate(self, positions: list[int], draft_ready: DraftReady, params: SamplingParams,
+                 on_text: OnText | None = None) -> SpecGeneration:
+        """Continue from the target logits in place (the prompt's last token is decoded).
+        ``draft_ready`` brings the draft up to the prompt once the first token is out and
+        returns (the prompt tail it has not decoded, the position that tail goes to)."""
+        stream = TextStream(self.target.model, params, on_text)
+        stats, rng = SpecStats(), np.random.default_rng(params.seed)
+        positions = list(positions)
+        start_pos = tpos = max(positions) + 1
+        t0 = time.perf_counter()
+        tok = self._pick(self.target.logits(), params, rng)
+        first_s = time.perf_counter() - t0
+        n_in_target = 0
+        go = stream.push(tok)
+        pending, draft_pos = draft_ready()
+        dpos, pending0 = draft_pos, list(pending)
+        while go:
+            room = min(self.target.n_ctx - tpos, self.draft.n_ctx - dpos - len(pending)) - 1
+            if room < 0:
+                break
+            gamma = min(self.gamma, room)
+            pending.append(tok)
+            rnd = self._draft(pending, dpos, gamma, params, rng, stats)
+            k, nxt = self._verify(tok, rnd, positions, tpos, params, rng, stats)
+            self.target.remove_from(tpos + 1 + k)  # keep tok and the accepted drafts
+            positions.extend(range(tpos, tpos + 1 + k))
+            tpos += 1 + k
+            n_in_target += 1 + k
+            if gamma:  # the draft holds pending + drafts[:gamma-1]; keep what was accepted
+                kept = len(pending) + min(k, gamma - 1)
+                self.draft.remove_from(dpos + kept)
+                dpos, pending = dpos + kept, rnd.drafts[min(k, gamma - 1): k]
+            else:
+                pending += rnd.drafts[:k]
+            go = all(stream.push(d) for d in rnd.drafts[:k]) and stream.push(nxt)
+            tok = nxt
+        text = stream.close()
+        n_decoded = min(n_in_target, len(stream.tokens))
+        self.target.remove_from(start_pos + n_decoded)
+        committed = (pending0 + stream.tokens)[: min(dpos - draft_pos, len(pending0) + n_decoded)]
+        self.draft.remove_from(draft_pos + len(committed))
+        gen = Generation(text, stream.tokens, stream.finish, first_s, time.perf_counter() - t0, n_decoded)
+        return SpecGeneration(gen, stats, draft_pos, committed)
+
+    @staticmethod
+    def _pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+        if params.temperature <= 0.0:
+            return int(np.argmax(logits))
+        return sample(distribution(logits, params), rng)
+
+    def _draft(self, pending: list[int], dpos: int, gamma: int, params: SamplingParams,
+               rng: np.random.Generator, stats: SpecStats) -> _Round:
+        t0 = time.perf_counter()
+        rnd = _Round([], [], [])
+        capture = self.capture if self.sparse is not None else None
+        toks, pos = pending, dpos
+        for _ in range(gamma):
+            if capture is not None:
+                capture.start(pos + len(toks))
+            self.draft.decode(toks, pos)
+            if capture is not None:
+                rnd.steps.append(capture.stop())
+            pos += len(toks)
+            logits = self.draft.logits()
+            if params.temperature <= 0.0:
+                rnd.drafts.append(int(np.argmax(logits)))
+            else:
+                q = distribution(logits, params)
+                rnd.q_rows.append(q)
+                rnd.drafts.append(sample(q, rng))
+            toks = [rnd.drafts[-1]]
+        stats.draft_s += time.perf_counter() - t0
+        return rnd
+
+    def _verify(self, tok: int, rnd: _Round, positions: list[int], tpos: int, params: SamplingParams,
+                rng: np.random.Generator, stats: SpecStats) -> tuple[int, int]:
+        t0 = time.perf_counter()
+        batch = [tok, *rnd.drafts]
+        n_cells = sum(1 for p in positions if p >= 0)
+        if self.sparse is not None and rnd.steps:
+            spans, n_view = view_spans(self.sparse, rnd.steps, positions, tpos)
+            self.target.make_view(spans)
+            try:
+                self.target.decode(batch, tpos, logits_all=True, through_view=True)
+            finally:
+                self.target.drop_view()
+        else:
+            self.target.decode(batch, tpos, logits_all=True)
+            n_view = n_cells
+        rows = [self.target.logits_at(i) for i in range(len(batch))]
+        if params.temperature <= 0.0:
+            k, nxt = accept_greedy(rows, rnd.drafts)
+        else:
+            k, nxt = accept_stochastic([distribution(r, params) for r in rows], rnd.q_rows, rnd.drafts, rng)
+        stats.n_rounds += 1
+        stats.n_drafted += len(rnd.drafts)
+        stats.n_accepted += k
+        stats.cells_attended += n_view
+        stats.cells_total += n_cells
+        stats.verify_s += time.perf_counter() - t0
+        return k, nxt
+
+
+def view_spans(sparse: SparseVerify, steps: list[np.ndarray], positions: list[int],
+               tpos: int) -> tuple[list[tuple[int, int]], int]:
+    """Target position spans of the selected cells, and their count.  llama.cpp needs the
+    view to share seq 0's first and last position, so those two cells are always in it."""
+    pos = np.asarray(positions, dtype=np.int64)
+    mask = select_cells(steps, sparse.weights, sparse.p, pos.size, sparse.keep_first)
+    chosen = pos[mask]
+    valid = pos[pos >= 0]
+    chosen = np.unique(np.concatenate([chosen[chosen >= 0], [valid.min(), tpos - 1]]))
+    return runs(chosen), int(chosen.size)
