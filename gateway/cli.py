@@ -87,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_flags(pre, SamplingParams, {}, skip=("stop",))
     pre.set_defaults(func=prefill_cmd.run)
 
+    from gateway import calibrate_cmd
+
+    cal = sub.add_parser("calibrate", help="measure SpecAttn's draft->target layer map for the model pair")
+    calibrate_cmd.add_arguments(cal)
+    add_dataclass_flags(cal, EngineConfig, ENGINE_HELP)
+    cal.set_defaults(func=calibrate_cmd.run)
+
     from ops import bench
 
     bench_p = sub.add_parser("bench", help="benchmarks: first-turn TTFT, multi-turn sessions, gateway overhead")

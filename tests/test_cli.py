@@ -74,3 +74,37 @@ def test_fetch_models_is_idempotent_and_verifies(tmp_path):
     assert not model_store.is_verified(model_store.SMALL, bad)
     out = specgate("fetch-models", "no-such-model")
     assert out.returncode == 2 and "unknown model" in out.stderr
+
+
+def test_calibrate_writes_a_monotone_map_the_engine_loads(tiny_target, tiny_speculator, tmp_path):
+    from core import layer_map
+    from core.config import EngineConfig
+    from core.engine import Engine
+    from core.errors import ConfigError
+    from core.llama_bindings import Model
+
+    out_path = tmp_path / "map.json"
+    doc_path = tmp_path / "doc.txt"
+    doc_path.write_text(NEEDLE)
+    out = specgate("calibrate", "--target", str(tiny_target), "--speculator", str(tiny_speculator),
+                   "--texts", str(doc_path), "--tokens", "160", "--queries", "4", "--out", str(out_path))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out_path.read_text())
+    assert len(doc["map"]) == 3 and doc["map"] == sorted(doc["map"]) and set(doc["map"]) <= {0, 1}
+    assert doc["target_sha256"] == model_store.sha256_of(tiny_target)
+    assert doc["speculator_sha256"] == model_store.sha256_of(tiny_speculator)
+    sim = doc["similarity"]
+    assert len(sim) == 2 and len(sim[0]) == 3 and all(v <= 1e-6 for row in sim for v in row)  # -KL <= 0
+    engine = Engine(EngineConfig(target=str(tiny_target), speculator=str(tiny_speculator), n_ctx=256,
+                                 n_threads=2, calibrate_tokens=0, layer_map=str(out_path)))
+    try:
+        assert engine.layer_map.source == "calibrated" and list(engine.layer_map.mapping) == doc["map"]
+    finally:
+        engine.close()
+    t, s = Model(str(tiny_speculator)), Model(str(tiny_target))  # the reversed pair must be refused
+    try:
+        with pytest.raises(ConfigError, match="other model files"):
+            layer_map.load(t, s, str(out_path))
+    finally:
+        t.close()
+        s.close()

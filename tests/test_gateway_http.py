@@ -100,6 +100,12 @@ def test_bad_input_gets_precise_errors(gateway):
     assert (status, code) == (400, "context_length_exceeded") and "5" in msg and "4095" in msg
     with pytest.raises(openai.BadRequestError):
         client(gateway).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], n=2)
+    one = [{"role": "user", "content": "x"}]
+    for bad, words in (({"specattn": {"p": 1.5}}, "specattn_p"), ({"specattn": "yes"}, "boolean or an object"),
+                       ({"speculative": {"gamma": "4"}}, "gamma"), ({"specattn": {"gamma": 99}}, "gamma"),
+                       ({"speculative": {"p": 0.9}}, "unknown speculative field")):
+        status, code, msg = error_of(httpx.post(url, json={"messages": one, **bad}))
+        assert status == 400 and words in msg, (bad, msg)
     assert httpx.get(gateway.base + "/v1/nope").status_code == 404
 
 
