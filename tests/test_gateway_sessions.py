@@ -8,8 +8,8 @@ import asyncio
 
 import aiohttp
 import httpx
-import orjson
 import openai
+import orjson
 import pytest
 
 from tests.conftest import RedisServer, start_gateway
