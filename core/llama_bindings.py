@@ -50,6 +50,7 @@ _GGML = _ggml_base()
 # struct ggml_tensor { enum ggml_type type; ggml_backend_buffer * buffer; int64_t ne[4]; size_t nb[4]; ... }
 _NE_OFFSET = ctypes.sizeof(ctypes.c_void_p) * 2
 _SOFTMAX = re.compile(rb"^kq_soft_max-(\d+)$")
+_QK = re.compile(rb"^(Qcur|Kcur)-(\d+)$")
 
 
 def validate_gguf(path: str) -> Path:
@@ -177,6 +178,76 @@ class AttentionCapture:
         self._rows[layer] = out
 
 
+def _tensor_f32(tensor: int) -> np.ndarray | None:
+    """A contiguous f32 tensor's data as [ne2, ne1, ne0]; None for anything else."""
+    if ctypes.c_int.from_address(tensor).value != 0:  # GGML_TYPE_F32
+        return None
+    ne = (ctypes.c_int64 * 4).from_address(tensor + _NE_OFFSET)
+    nb = (ctypes.c_size_t * 4).from_address(tensor + _NE_OFFSET + 32)
+    if nb[0] != 4 or nb[1] != 4 * ne[0] or nb[2] != nb[1] * ne[1]:
+        return None
+    out = np.empty((ne[2], ne[1], ne[0]), dtype=np.float32)
+    _GGML.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
+    return out
+
+
+class QKCapture:
+    """cb_eval hook for the target's post-RoPE keys (over a prefill) or the query of one
+    decoded token, per layer (``Kcur-*``/``Qcur-*``; the last node of a name is the
+    post-RoPE one).  Works with flash attention on.  Used by the Quest-style eval baseline."""
+
+    def __init__(self, n_layer: int) -> None:
+        self.n_layer = n_layer
+        self.mode = ""
+        self._keys: dict[int, list[np.ndarray]] = {}
+        self._last: dict[int, np.ndarray] = {}
+        self._query: dict[int, np.ndarray] = {}
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_eval)
+
+    def start_keys(self) -> None:
+        self.mode, self._keys, self._last = "Kcur", {}, {}
+
+    def stop_keys(self) -> np.ndarray:
+        """[n_layer, n_kv_head, n_tokens, head_dim]."""
+        self._flush_keys()
+        self.mode = ""
+        return np.stack([np.concatenate(self._keys[i], axis=0).transpose(1, 0, 2) for i in range(self.n_layer)])
+
+    def start_query(self) -> None:
+        self.mode, self._query = "Qcur", {}
+
+    def stop_query(self) -> np.ndarray:
+        """[n_layer, n_head, head_dim] of the single decoded token."""
+        self.mode = ""
+        return np.stack([self._query[i][-1] for i in range(self.n_layer)])
+
+    def _flush_keys(self) -> None:
+        for layer, k in self._last.items():  # one entry per ubatch: its last (post-RoPE) node
+            self._keys.setdefault(layer, []).append(k)
+        self._last = {}
+
+    def _on_eval(self, tensor: int, ask: bool, user_data: int) -> bool:
+        if not self.mode:
+            return not ask
+        match = _QK.match(_GGML.ggml_get_name(tensor) or b"")
+        if match is None or match.group(1).decode() != self.mode:
+            return not ask
+        if ask:
+            return True
+        layer, data = int(match.group(2)), _tensor_f32(tensor)
+        if data is not None:
+            self._stash(layer, data)
+        return True
+
+    def _stash(self, layer: int, data: np.ndarray) -> None:
+        if self.mode == "Qcur":
+            self._query[layer] = data
+            return
+        if layer == 0 and self.n_layer - 1 in self._last:
+            self._flush_keys()  # layer 0 again: the next ubatch began
+        self._last[layer] = data
+
+
 VIEW_SEQ = 1  # the sparse-attention view of sequence 0 (SpecAttn verification)
 
 
@@ -191,7 +262,8 @@ class Context:
     """
 
     def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int,
-                 flash_attn: bool, capture: AttentionCapture | None = None, views: bool = False) -> None:
+                 flash_attn: bool, capture: AttentionCapture | None = None, views: bool = False,
+                 probe: QKCapture | None = None) -> None:
         self.model = model
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -204,10 +276,13 @@ class Context:
         params.no_perf = True
         params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        self.capture = capture
+        self.capture, self.probe = capture, probe
         if capture is not None:
             params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # no kq_soft_max with FA
             params.cb_eval = capture.callback
+            params.cb_eval_user_data = None
+        elif probe is not None:
+            params.cb_eval = probe.callback
             params.cb_eval_user_data = None
         self._ptr = llama_cpp.llama_init_from_model(model._ptr, params)
         if not self._ptr:
@@ -270,18 +345,19 @@ class Context:
 
     # -- decoding -----------------------------------------------------------
     def decode(self, tokens: Sequence[int], start_pos: int, logits_last: bool = True,
-               logits_all: bool = False, through_view: bool = False) -> None:
+               logits_all: bool = False, seqs: tuple[int, ...] = (0,)) -> None:
         """Decode ``tokens`` at positions start_pos.. in batches of n_batch.
 
         ``logits_all`` keeps every token's logits (one batch at most, read with
-        :meth:`logits_at`); ``through_view`` attends through the view sequence."""
+        :meth:`logits_at`).  ``seqs[0]`` picks the cells attended: ``(VIEW_SEQ, 0)``
+        attends through the view and adds the new cells to seq 0 too; ``(VIEW_SEQ,)``
+        is a throwaway probe whose cells go with the view."""
         n = len(tokens)
         if start_pos + n > self.n_ctx:
             raise PromptTooLong(start_pos + n, self.n_ctx, "sequence")
         if logits_all and n > self.n_batch:
             raise EngineError(f"logits for {n} tokens exceed one batch of {self.n_batch}")
         batch = self._batch
-        seqs = (VIEW_SEQ, 0) if through_view else (0,)
         for off in range(0, n, self.n_batch):
             part = tokens[off: off + self.n_batch]
             batch.n_tokens = len(part)

@@ -22,7 +22,7 @@ import numpy as np
 
 from core.config import SamplingParams
 from core.decode import Generation, OnText, TextStream
-from core.llama_bindings import AttentionCapture, Context
+from core.llama_bindings import VIEW_SEQ, AttentionCapture, Context
 from core.selection import runs
 from core.spec_sampling import accept_greedy, accept_stochastic, distribution, sample
 from core.specattn import select_cells
@@ -95,7 +95,9 @@ class SpeculativeDecoder:
         first_s = time.perf_counter() - t0
         n_in_target = 0
         go = stream.push(tok)
+        t_sync = time.perf_counter()
         pending, draft_pos = draft_ready()
+        t0 += time.perf_counter() - t_sync  # decode time excludes the draft's catch-up (reported apart)
         dpos, pending0 = draft_pos, list(pending)
         while go:
             room = min(self.target.n_ctx - tpos, self.draft.n_ctx - dpos - len(pending)) - 1
@@ -164,7 +166,7 @@ class SpeculativeDecoder:
             spans, n_view = view_spans(self.sparse, rnd.steps, positions, tpos)
             self.target.make_view(spans)
             try:
-                self.target.decode(batch, tpos, logits_all=True, through_view=True)
+                self.target.decode(batch, tpos, logits_all=True, seqs=(VIEW_SEQ, 0))
             finally:
                 self.target.drop_view()
         else:

@@ -191,11 +191,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="1 task per family and a small grid")
     parser.add_argument("--truncated", default="6,12", help="layer-truncated scorers to test (blocks), '' for none")
     parser.add_argument("--out", default="results/eval")
+    from ops import eval_specattn
+    eval_specattn.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     import orjson
 
+    if args.specattn:
+        from ops import eval_specattn
+        print(orjson.dumps(eval_specattn.run_specattn(args), option=orjson.OPT_INDENT_2).decode())
+        return 0
     per_family = 1 if args.quick else args.per_family
     truncated = tuple(int(x) for x in args.truncated.split(",") if x)
     summary = run_eval(per_family, args.seed, args.words, args.quick, truncated, Path(args.out))

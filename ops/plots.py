@@ -84,3 +84,37 @@ def eval_accuracy(summary: list[dict[str, Any]], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
+
+
+def specattn_ppl(texts: list[dict[str, Any]], out: Path) -> None:
+    fig, axes = plt.subplots(1, len(texts), figsize=(5.5 * len(texts), 4.2), squeeze=False)
+    for ax, doc in zip(axes[0], texts, strict=True):
+        for name, m in doc["methods"].items():
+            marker = "o" if name.startswith("specattn") else {"dense": "*", "streaming": "v", "quest": "s"}[name]
+            ax.plot(100 * m["kv_reduction"], m["ppl"], marker, ms=9, label=name)
+        ax.set_xlabel("KV-access reduction (%)")
+        ax.set_ylabel("perplexity")
+        ax.set_yscale("log")
+        ax.set_title(f"{doc['text']}: {doc['n_scored']} tokens scored", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def specattn_decode(contexts: list[dict[str, Any]], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    names = [r["arm"] for r in contexts[0]["rows"]]
+    width = 0.8 / len(contexts)
+    for k, c in enumerate(contexts):
+        xs = [i + k * width for i in range(len(names))]
+        ax.bar(xs, [r["tokens_per_s"] for r in c["rows"]], width, label=f"{c['n_prompt']} tokens")
+    ax.set_xticks([i + width * (len(contexts) - 1) / 2 for i in range(len(names))], names, fontsize=8)
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title("Decode speed, Qwen2.5-Coder 1.5B target / 0.5B draft, 2 CPU cores", fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
