@@ -40,6 +40,9 @@ class Metrics:
         self.ttft = Histogram(TTFT_BUCKETS_S)
         self.kept_ratio = Histogram(RATIO_BUCKETS)
         self.gauges: dict[str, Callable[[], float]] = {}
+        self.decode_turns: dict[str, int] = defaultdict(int)  # plain | speculative | specattn
+        self.draft_tokens = {"drafted": 0, "accepted": 0}
+        self.verify_cells = {"attended": 0, "total": 0}
 
     def request(self, route: str, status: int) -> None:
         self.requests[(route, status)] += 1
@@ -53,6 +56,13 @@ class Metrics:
         if n_new:
             self.kept_ratio.observe(kept / n_new)
         self.rebuilds += int(rebuilt)
+
+    def decoding(self, mode: str, drafted: int, accepted: int, attended: int, total: int) -> None:
+        self.decode_turns[mode] += 1
+        self.draft_tokens["drafted"] += drafted
+        self.draft_tokens["accepted"] += accepted
+        self.verify_cells["attended"] += attended
+        self.verify_cells["total"] += total
 
     def render(self) -> str:
         out: list[str] = []
@@ -74,6 +84,13 @@ class Metrics:
               [f"specgate_kv_rebuilds_total {self.rebuilds}"])
         block("specgate_store_errors_total", "counter", "Failed metadata store writes.",
               [f"specgate_store_errors_total {self.store_errors}"])
+        block("specgate_decode_turns_total", "counter", "Turns by decoding mode.",
+              [f'specgate_decode_turns_total{{mode="{m}"}} {n}' for m, n in sorted(self.decode_turns.items())])
+        block("specgate_draft_tokens_total", "counter", "Speculative draft tokens, drafted and accepted.",
+              [f'specgate_draft_tokens_total{{outcome="{k}"}} {n}' for k, n in self.draft_tokens.items()])
+        block("specgate_verify_kv_cells_total", "counter",
+              "Target KV cells attended by speculative verification, and a dense verify's count.",
+              [f'specgate_verify_kv_cells_total{{kind="{k}"}} {n}' for k, n in self.verify_cells.items()])
         block("specgate_ttft_seconds", "histogram", "Time to first token.", self.ttft.render("specgate_ttft_seconds"))
         block("specgate_kept_ratio", "histogram", "Kept share of new prompt tokens per turn.",
               self.kept_ratio.render("specgate_kept_ratio"))

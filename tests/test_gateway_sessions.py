@@ -178,3 +178,8 @@ def test_specattn_in_a_session_reports_its_timings_and_matches_plain(smol_gatewa
     # verification and single-token decoding round differently (see README, SpecAttn)
     whole = chat(smol_gateway, follow, max_tokens=12, speculative=True)
     assert text == whole["choices"][0]["message"]["content"] and whole["timings"]["decode_mode"] == "speculative"
+    metrics = httpx.get(smol_gateway.base + "/metrics").text
+    assert 'specgate_decode_turns_total{mode="specattn"} 2' in metrics
+    assert 'specgate_decode_turns_total{mode="speculative"} 2' in metrics
+    drafted = int(metrics.split('specgate_draft_tokens_total{outcome="drafted"} ')[1].split()[0])
+    assert drafted >= t["draft_n"] + ts["draft_n"] + whole["timings"]["draft_n"]

@@ -93,3 +93,43 @@ def test_sparse_view_never_corrupts_the_session(smol_pair_engine, p):
         kept, fresh = relogit_last(ctx, tokens), fresh_logits(ctx, tokens)
         assert int(np.argmax(kept)) == int(np.argmax(fresh))
         assert np.abs(kept - fresh).max() < 0.05 * (fresh.max() - fresh.min())
+
+
+def test_qk_probe_reproduces_llama_attention(tiny_target):
+    """Keys and queries from the flash-attention probe give the softmax rows that the
+    non-flash context's kq_soft_max holds (the Quest-style eval baseline relies on it)."""
+    from core.llama_bindings import AttentionCapture, Context, Model, QKCapture
+
+    model = Model(str(tiny_target))
+    tokens = model.tokenize("The quick brown fox jumps over the lazy dog. " * 12)
+    n = len(tokens)
+    att, probe = AttentionCapture(model.n_layer), QKCapture(model.n_layer)
+    plain = Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, flash_attn=False, capture=att)
+    flash = Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, flash_attn=True, views=True,
+                    probe=probe)
+    try:
+        plain.decode(tokens[:-1], 0)
+        att.start(n)
+        plain.decode(tokens[-1:], n - 1)
+        rows = att.stop()  # [n_layer, n_head, n]
+        probe.start_keys()
+        flash.decode(tokens[:-1], 0)  # several ubatches of 64
+        keys = probe.stop_keys()  # [n_layer, n_kv, n-1, d]
+        probe.start_query()
+        flash.decode(tokens[-1:], n - 1)
+        q = probe.stop_query()  # [n_layer, n_head, d]
+        probe.start_keys()
+        flash.remove_from(n - 1)
+        flash.decode(tokens[-1:], n - 1)
+        k_last = probe.stop_keys()
+    finally:
+        plain.close()
+        flash.close()
+        model.close()
+    k = np.concatenate([keys, k_last], axis=2)
+    assert k.shape[2] == n
+    group = q.shape[1] // k.shape[1]
+    scores = np.einsum("lhd,lhnd->lhn", q, np.repeat(k, group, axis=1)) / np.sqrt(q.shape[-1])
+    soft = np.exp(scores - scores.max(-1, keepdims=True))
+    soft /= soft.sum(-1, keepdims=True)
+    assert np.abs(soft - rows).max() < 0.02
