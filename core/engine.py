@@ -26,7 +26,7 @@ from core.prefill import sparse_prefill
 from core.prompt import Prompt
 from core.scoring import importance
 from core.selection import runs, select_tokens
-from core.spec_decode import SparseVerify, SpeculativeDecoder
+from core.spec_decode import SparseVerify, SpecStats, SpeculativeDecoder
 from core.specattn import layer_weights
 
 VOCAB_PROBE = "SpecGate probe: fn get_weather(city) -> {\"temp\": 21.5} 東京 ✓"
@@ -56,18 +56,7 @@ class Timings:
     spec_prefill_n: int = 0  # prompt tokens prefilled into the speculator this turn
     decode_mode: str = "plain"  # plain | speculative | specattn
     draft_sync_ms: float = 0.0  # bringing the draft up to the prompt before speculating
-    n_drafted: int = 0
-    n_accepted: int = 0
-    kv_cells_attended: int = 0  # target KV cells the verify batches attended (summed over rounds)
-    kv_cells_total: int = 0  # the same for dense verification
-
-    @property
-    def accept_rate(self) -> float:
-        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
-
-    @property
-    def kv_selected_frac(self) -> float:
-        return self.kv_cells_attended / self.kv_cells_total if self.kv_cells_total else 1.0
+    spec: SpecStats = field(default_factory=SpecStats)  # speculative rounds: drafts, acceptance, KV cells
 
     @property
     def prompt_n(self) -> int:
@@ -328,8 +317,5 @@ class Engine:
 
         out = decoder.generate(kv.target.kv_pos, draft_ready, sampling, on_text)
         kv.spec.extend(out.draft_committed, range(out.draft_pos, out.draft_pos + len(out.draft_committed)))
-        s = out.stats
-        t.decode_mode = policy.decode_mode
-        t.n_drafted, t.n_accepted = s.n_drafted, s.n_accepted
-        t.kv_cells_attended, t.kv_cells_total = s.cells_attended, s.cells_total
+        t.decode_mode, t.spec = policy.decode_mode, out.stats
         return out.gen

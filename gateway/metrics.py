@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
+from core.spec_decode import SpecStats
+
 TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
 
@@ -57,12 +59,12 @@ class Metrics:
             self.kept_ratio.observe(kept / n_new)
         self.rebuilds += int(rebuilt)
 
-    def decoding(self, mode: str, drafted: int, accepted: int, attended: int, total: int) -> None:
+    def decoding(self, mode: str, spec: SpecStats) -> None:
         self.decode_turns[mode] += 1
-        self.draft_tokens["drafted"] += drafted
-        self.draft_tokens["accepted"] += accepted
-        self.verify_cells["attended"] += attended
-        self.verify_cells["total"] += total
+        self.draft_tokens["drafted"] += spec.n_drafted
+        self.draft_tokens["accepted"] += spec.n_accepted
+        self.verify_cells["attended"] += spec.cells_attended
+        self.verify_cells["total"] += spec.cells_total
 
     def render(self) -> str:
         out: list[str] = []

@@ -153,11 +153,13 @@ def timings(t: Timings, rebuilt: bool = False) -> dict[str, Any]:
 def decoding_timings(t: Timings) -> dict[str, Any]:
     if t.decode_mode == "plain":
         return {"decode_mode": "plain"}
+    s = t.spec
     return {
         "decode_mode": t.decode_mode, "draft_sync_ms": round(t.draft_sync_ms, 2),
-        "draft_n": t.n_drafted, "draft_accepted_n": t.n_accepted, "draft_acceptance": round(t.accept_rate, 4),
-        "kv_cells_attended": t.kv_cells_attended, "kv_cells_total": t.kv_cells_total,
-        "kv_selected_fraction": round(t.kv_selected_frac, 4),
+        "draft_n": s.n_drafted, "draft_accepted_n": s.n_accepted, "draft_acceptance": round(s.accept_rate, 4),
+        "kv_cells_attended": s.cells_attended, "kv_cells_total": s.cells_total,
+        "kv_selected_fraction": round(s.selected_frac, 4),
+        "draft_ms": round(s.draft_s * 1e3, 2), "verify_ms": round(s.verify_s * 1e3, 2),
     }
 
 

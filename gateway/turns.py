@@ -94,7 +94,7 @@ class TurnRunner:
         t = outcome.result.timings
         self.metrics.turn(t.status, t.ttft_ms, t.n_kept, t.n_prompt - t.cache_n, t.spec_prefill_n,
                           t.n_kept < t.n_prompt - t.cache_n, outcome.rebuilt)
-        self.metrics.decoding(t.decode_mode, t.n_drafted, t.n_accepted, t.kv_cells_attended, t.kv_cells_total)
+        self.metrics.decoding(t.decode_mode, t.spec)
         if turn.session is not None:
             if not turn.session.store_synced:
                 self.metrics.store_errors += 1

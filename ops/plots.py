@@ -98,9 +98,7 @@ def specattn_ppl(texts: list[dict[str, Any]], out: Path) -> None:
         ax.set_title(f"{doc['text']}: {doc['n_scored']} tokens scored", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    _save(fig, out)
 
 
 def specattn_decode(contexts: list[dict[str, Any]], out: Path) -> None:
@@ -115,6 +113,10 @@ def specattn_decode(contexts: list[dict[str, Any]], out: Path) -> None:
     ax.set_title("Decode speed, Qwen2.5-Coder 1.5B target / 0.5B draft, 2 CPU cores", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     ax.legend()
+    _save(fig, out)
+
+
+def _save(fig: Any, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -8,12 +8,16 @@ back to the prompt between arms), so arms differ only in how they decode.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from core.config import EngineConfig, PolicyConfig, SamplingParams
 from core.engine import Engine
 from core.kv_state import SessionKV
+from core.llama_bindings import VIEW_SEQ
 from ops import corpus
 from ops.bench_common import progress
 
@@ -44,6 +48,45 @@ def prompt_of(engine: Engine, n_ctx: int) -> Any:
     return engine.chat.render([{"role": "user", "content": doc + QUESTION}])
 
 
+def _best_ms(fn: Callable[[], None], reps: int = 3) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def step_costs(engine: Engine, kv: SessionKV, gamma: int) -> dict[str, float]:
+    """One decode step of each model, and one verify batch dense and through views of
+    5% and 20% of the cells (sinks + evenly spread 16-cell pages), at this context."""
+    tctx, dctx, capture = engine.target_ctx, engine.spec_ctx, engine.capture
+    nt, nd, tok = kv.target.next_pos, kv.spec.next_pos, kv.target.tokens[-1]
+
+    def target(n: int, spans: list[tuple[int, int]] | None = None) -> None:
+        if spans is not None:
+            tctx.make_view(spans)
+        tctx.decode([tok] * n, nt, logits_all=True, seqs=(VIEW_SEQ, 0) if spans is not None else (0,))
+        tctx.drop_view()
+        tctx.remove_from(nt)
+
+    def draft(with_capture: bool) -> None:
+        if with_capture:
+            capture.start(nd + 1)
+        dctx.decode([tok], nd)
+        if with_capture:
+            capture.stop()
+        dctx.remove_from(nd)
+
+    out = {"target_step": _best_ms(lambda: target(1)), "draft_step": _best_ms(lambda: draft(False)),
+           "draft_step_capture": _best_ms(lambda: draft(True)), "verify_dense": _best_ms(lambda: target(gamma + 1))}
+    for frac in (0.05, 0.2):
+        stride = int(16 / frac)
+        spans = [(0, 4)] + [(p, p + 16) for p in range(stride, nt - 16, stride)] + [(nt - 1, nt)]
+        out[f"verify_view_{int(frac * 100)}pct"] = _best_ms(partial(target, gamma + 1, spans))
+    return out
+
+
 def at_context(target: str, speculator: str, n_ctx: int, setup: DecodeSetup) -> dict[str, Any]:
     engine = Engine(EngineConfig(target=target, speculator=speculator, n_ctx=n_ctx + setup.n_predict * 2 + 64,
                                  calibrate_tokens=0))
@@ -57,15 +100,18 @@ def at_context(target: str, speculator: str, n_ctx: int, setup: DecodeSetup) -> 
         rows = []
         for name, policy in arms(setup):
             r = engine.run(prompt, policy, SamplingParams(max_tokens=setup.n_predict), kv=kv)
-            t = r.timings
+            t, s = r.timings, r.timings.spec
             rows.append({"arm": name, "n_predicted": t.n_predicted, "decode_ms": t.decode_ms,
-                         "tokens_per_s": t.n_predicted / (t.decode_ms / 1e3), "accept_rate": t.accept_rate,
-                         "n_drafted": t.n_drafted, "n_accepted": t.n_accepted,
-                         "kv_selected_frac": t.kv_selected_frac, "kv_cells_attended": t.kv_cells_attended,
-                         "kv_cells_total": t.kv_cells_total, "text": r.text})
-            progress(f"  {name}: {rows[-1]['tokens_per_s']:.2f} tok/s, acceptance {t.accept_rate:.2f}, "
-                     f"KV selected {t.kv_selected_frac:.3f}")
-        return {"n_ctx": n_ctx, "n_prompt": len(prompt), "prefill_s": warm.timings.prefill_ms / 1e3,
+                         "tokens_per_s": t.n_predicted / (t.decode_ms / 1e3), "accept_rate": s.accept_rate,
+                         "n_rounds": s.n_rounds, "n_drafted": s.n_drafted, "n_accepted": s.n_accepted,
+                         "kv_selected_frac": s.selected_frac, "kv_cells_attended": s.cells_attended,
+                         "kv_cells_total": s.cells_total, "draft_ms": s.draft_s * 1e3, "verify_ms": s.verify_s * 1e3,
+                         "text": r.text})
+            progress(f"  {name}: {rows[-1]['tokens_per_s']:.2f} tok/s, acceptance {s.accept_rate:.2f}, "
+                     f"KV selected {s.selected_frac:.3f}")
+        costs = step_costs(engine, kv, setup.gamma)
+        progress("  step costs (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in costs.items()))
+        return {"n_ctx": n_ctx, "n_prompt": len(prompt), "step_ms": costs, "prefill_s": warm.timings.prefill_ms / 1e3,
                 "draft_sync_s": warm.timings.draft_sync_ms / 1e3, "layer_map": engine.layer_map.source,
                 "rows": rows}
     finally:

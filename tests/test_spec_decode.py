@@ -28,10 +28,10 @@ def test_greedy_speculative_equals_plain_decoding(smol_pair_engine, policy):
     plain = run(smol_pair_engine, STORY, PLAIN, greedy)
     spec = run(smol_pair_engine, STORY, policy, greedy)
     assert spec.tokens == plain.tokens and spec.text == plain.text
-    t = spec.timings
-    assert t.decode_mode == policy.decode_mode
+    t = spec.timings.spec
+    assert spec.timings.decode_mode == policy.decode_mode
     assert 0 < t.n_accepted < t.n_drafted  # the truncated draft is right sometimes, not always
-    assert t.kv_cells_attended == t.kv_cells_total  # p=1 (or dense) attends every cell
+    assert t.cells_attended == t.cells_total  # p=1 (or dense) attends every cell
 
 
 def test_identical_draft_is_almost_always_accepted(smol_engine):
@@ -39,8 +39,8 @@ def test_identical_draft_is_almost_always_accepted(smol_engine):
     plain = run(smol_engine, STORY, PLAIN, greedy)
     spec = run(smol_engine, STORY, SPECULATIVE, greedy)
     assert spec.tokens == plain.tokens
-    assert spec.timings.accept_rate > 0.9
-    assert spec.timings.n_drafted >= 4 * (len(spec.tokens) // 5)
+    assert spec.timings.spec.accept_rate > 0.9
+    assert spec.timings.spec.n_drafted >= 4 * (len(spec.tokens) // 5)
 
 
 def test_speculative_respects_max_tokens_and_stop(smol_pair_engine):
@@ -84,8 +84,8 @@ def test_sparse_view_never_corrupts_the_session(smol_pair_engine, p):
     e.load_kv(None)
     first = run(e, STORY, PolicyConfig(enabled=False, specattn=True, specattn_p=p), SamplingParams(max_tokens=30),
                 kv=kv)
-    t = first.timings
-    assert 0 < t.kv_cells_attended < t.kv_cells_total
+    t = first.timings.spec
+    assert 0 < t.cells_attended < t.cells_total
     assert kv.spec.tokens == kv.target.tokens  # the draft is in step with the target
     assert kv.target.kv_pos == list(range(len(kv.target.tokens)))
     assert e.target_ctx.pos_max() == len(kv.target.tokens) - 1 and e.target_ctx.pos_max(1) == -1  # view gone
