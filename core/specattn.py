@@ -15,9 +15,17 @@ from __future__ import annotations
 import numpy as np
 
 
-def top_p_threshold(attn: np.ndarray, p: float, rounds: int = 10) -> np.ndarray:
+def top_p_threshold(attn: np.ndarray, p: float, rounds: int = 10, scale: str = "log",
+                    octaves: float = 32.0) -> np.ndarray:
     """Per row, a threshold t in [0, max(a)] such that the cells with a >= t hold
     at least ``p`` of the row's mass, found by ``rounds`` of bisection (no sort).
+
+    ``scale="linear"`` bisects t itself, as the paper describes: 10 rounds resolve
+    t only to max/1024, so on a long row with an attention sink (max ~ 0.5, most
+    cells ~ 1/n) the search cannot go below the sink's scale and keeps every cell.
+    ``scale="log"`` (the default) bisects log2(t) over the ``octaves`` below max,
+    so 10 rounds resolve t to 2^(octaves/1024) ~ 2% at any row length; rows whose
+    threshold lies below that range keep every cell (those cells hold < n * max * 2^-32).
 
     ``attn``: [..., n] non-negative.  Returns [...] thresholds.
     """
@@ -25,21 +33,34 @@ def top_p_threshold(attn: np.ndarray, p: float, rounds: int = 10) -> np.ndarray:
         raise ValueError(f"p must be in (0, 1], got {p}")
     a = np.asarray(attn, dtype=np.float64)
     target = p * a.sum(axis=-1, keepdims=True)
-    lo = np.zeros(a.shape[:-1] + (1,))
-    hi = a.max(axis=-1, keepdims=True)
+    top = a.max(axis=-1, keepdims=True)
+
+    def enough(t: np.ndarray) -> np.ndarray:
+        return np.asarray(np.where(a >= t, a, 0.0).sum(axis=-1, keepdims=True) >= target)
+
+    if scale == "linear":
+        lo, hi = np.zeros_like(top), top
+        to_t = lambda x: x  # noqa: E731
+    elif scale == "log":
+        with np.errstate(divide="ignore"):
+            hi = np.log2(np.where(top > 0, top, 1.0))
+        lo = hi - octaves
+        to_t = np.exp2
+    else:
+        raise ValueError(f"scale must be 'log' or 'linear', got {scale!r}")
     for _ in range(rounds):
         mid = (lo + hi) / 2
-        mass = np.where(a >= mid, a, 0.0).sum(axis=-1, keepdims=True)
-        enough = mass >= target
-        lo = np.where(enough, mid, lo)  # mid still keeps enough: try a higher threshold
-        hi = np.where(enough, hi, mid)
-    return lo[..., 0]
+        ok = enough(to_t(mid))
+        lo = np.where(ok, mid, lo)  # mid still keeps enough: try a higher threshold
+        hi = np.where(ok, hi, mid)
+    t = to_t(lo)
+    return np.where(enough(t) & (top > 0), t, 0.0)[..., 0]
 
 
-def top_p_mask(attn: np.ndarray, p: float, rounds: int = 10) -> np.ndarray:
+def top_p_mask(attn: np.ndarray, p: float, rounds: int = 10, scale: str = "log") -> np.ndarray:
     """Boolean mask of the selected cells: a >= threshold (mass >= p guaranteed)."""
     a = np.asarray(attn)
-    return np.asarray(a >= top_p_threshold(a, p, rounds)[..., None])
+    return np.asarray(a >= top_p_threshold(a, p, rounds, scale)[..., None])
 
 
 def union_over_steps(masks: np.ndarray) -> np.ndarray:

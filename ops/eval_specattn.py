@@ -181,8 +181,10 @@ def perplexity(target: Model, draft: Model, setup: PplSetup, n_threads: int,
     methods = {}
     for name in nll:
         kept = float(np.mean(frac[name]))
+        tail = len(frac[name]) * 3 // 4  # the last quarter: the longest contexts of the run
         methods[name] = {"ppl": float(np.exp(np.mean(nll[name]))), "kv_kept": kept, "kv_reduction": 1 - kept,
-                         "nll": [round(x, 4) for x in nll[name]]}
+                         "kv_reduction_last_quarter": 1 - float(np.mean(frac[name][tail:])),
+                         "nll": [round(x, 4) for x in nll[name]], "kept": [round(x, 4) for x in frac[name]]}
     return {"text": setup.text, "n_tokens": n, "n_prefix": n0, "n_scored": n - 1 - n0,
             "layer_map": run.map_source, "budget_p": setup.budget_p, "methods": methods,
             "seconds": time.perf_counter() - t0}
@@ -233,6 +235,7 @@ def run_specattn(args: Any) -> dict:
         write_result(out / "specattn_decode.json", "specattn_decode", {"contexts": decode}, models)
         plots.specattn_decode(decode, out / "specattn_decode.png")
     return {"perplexity": [{k: v for k, v in r.items() if k != "methods"} | {
-        "methods": {m: {k: round(x, 4) for k, x in v.items() if k != "nll"} for m, v in r["methods"].items()}}
+        "methods": {m: {k: round(x, 4) for k, x in v.items() if k not in ("nll", "kept")}
+                    for m, v in r["methods"].items()}}
         for r in ppl], "decode": [{**c, "rows": [{k: v for k, v in row.items() if k != "text"} for row in c["rows"]]}
                                   for c in decode]}

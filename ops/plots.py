@@ -94,7 +94,6 @@ def specattn_ppl(texts: list[dict[str, Any]], out: Path) -> None:
             ax.plot(100 * m["kv_reduction"], m["ppl"], marker, ms=9, label=name)
         ax.set_xlabel("KV-access reduction (%)")
         ax.set_ylabel("perplexity")
-        ax.set_yscale("log")
         ax.set_title(f"{doc['text']}: {doc['n_scored']} tokens scored", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

@@ -73,3 +73,20 @@ def test_monotone_map_matches_brute_force():
         got = monotone_layer_map(sim)
         assert list(got) == sorted(got)
         assert np.isclose(sum(sim[i, j] for j, i in enumerate(got)), sum(sim[i, j] for j, i in enumerate(best)))
+
+
+def test_log_bisection_resolves_long_rows_with_an_attention_sink():
+    """A real draft row at 4K: a sink holds half the mass, the rest is spread thin.
+    Linear bisection (max/1024 resolution) keeps every cell; log bisection does not."""
+    rng = np.random.default_rng(3)
+    n = 4096
+    rest = rng.dirichlet(np.full(n - 1, 0.5)) * 0.5
+    row = np.concatenate([[0.5], rest])[None, :]
+    ref = top_p_mask_sorted(row, 0.95)
+    linear = top_p_mask(row, 0.95, scale="linear")
+    log = top_p_mask(row, 0.95)
+    assert linear.all()
+    assert (row * log).sum() >= 0.95 - 1e-9 and (log | ~ref).all()
+    assert log.sum() <= 1.1 * ref.sum() < 0.8 * n
+    with pytest.raises(ValueError):
+        top_p_mask(row, 0.95, scale="cubic")
