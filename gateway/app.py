@@ -14,7 +14,7 @@ import structlog
 from aiohttp import web
 
 from core.config import EngineConfig, GatewayConfig, PolicyConfig
-from core.worker import ModelWorker
+from core.worker import ModelState, ModelWorker
 from gateway import http_api, keys, ws_api
 from gateway.errors import Handler, error_middleware
 from gateway.metrics import Metrics
@@ -51,6 +51,9 @@ async def worker_ctx(app: web.Application) -> AsyncIterator[None]:
     await worker.start()
     log.info("models_loaded", target=app[keys.ENGINE].target, speculator=app[keys.ENGINE].speculator,
              ms=round((time.perf_counter() - t0) * 1e3))
+    if worker.state is ModelState.READY:
+        lmap = await worker.call(lambda engine: engine.layer_map)
+        log.info("layer_map", source=lmap.source, mapping=list(lmap.mapping))
     yield
     await worker.close()
 
