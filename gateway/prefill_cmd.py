@@ -15,6 +15,7 @@ from core.config import EngineConfig, PolicyConfig, SamplingParams, build, overr
 from core.engine import Engine, Result
 from core.errors import InvalidRequest
 from core.prompt import Prompt
+from gateway.protocol import decoding_timings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +88,7 @@ def report(result: Result, dense: Result | None) -> dict[str, Any]:
         "spec_prefill_ms": round(t.spec_prefill_ms, 1), "lookahead_ms": round(t.lookahead_ms, 1),
         "scoring_ms": round(t.scoring_ms, 1), "prefill_ms": round(t.prefill_ms, 1),
         "decode_ms": round(t.decode_ms, 1), "ttft_ms": round(t.ttft_ms, 1), "n_predicted": t.n_predicted,
+        **decoding_timings(t),
     }
     if dense is not None:
         out.update(dense_answer=dense.text, dense_prefill_ms=round(dense.timings.prefill_ms, 1),
@@ -108,9 +110,12 @@ def print_table(result: Result, dense: Result | None) -> None:
         ("lookahead", f"{t.lookahead_ms:10.1f} ms"),
         ("scoring total", f"{t.scoring_ms:10.1f} ms"),
         ("target prefill", f"{t.prefill_ms:10.1f} ms"),
-        ("decode", f"{t.decode_ms:10.1f} ms ({t.n_predicted} tokens)"),
+        ("decode", f"{t.decode_ms:10.1f} ms ({t.n_predicted} tokens, {t.decode_mode})"),
         ("TTFT", f"{t.ttft_ms:10.1f} ms"),
     ]
+    if t.decode_mode != "plain":
+        rows.append(("draft acceptance", f"{t.spec.accept_rate:.2f} ({t.spec.n_accepted}/{t.spec.n_drafted}), "
+                                         f"KV cells attended {100 * t.spec.selected_frac:.1f}%"))
     if dense is not None:
         rows += [("dense prefill", f"{dense.timings.prefill_ms:10.1f} ms"),
                  ("dense TTFT", f"{dense.timings.ttft_ms:10.1f} ms"),
