@@ -255,10 +255,12 @@ class Context:
     """One llama.cpp context holding one sequence (seq 0) and its own batch.
 
     With ``views=True`` the KV cache is unified over two sequence ids, so that
-    seq 1 can be a per-step *view* of seq 0: ``seq_cp`` tags the selected cells
-    with seq 1 as well (no data is copied), a batch decoded with seq ids [1, 0]
-    attends only to the view and its new cells join both sequences, and
-    ``drop_view`` removes only the tag.  Seq 0 never loses a cell to a view.
+    seq 1 can be a per-step *view* of seq 0: ``make_view`` tags the selected
+    cells with seq 1 as well (``seq_cp``, no data is copied), a batch decoded
+    with ``seqs=(VIEW_SEQ,)`` attends only to the view (llama.cpp masks by a
+    token's *first* seq id, so ``(VIEW_SEQ, 0)`` would attend to all of seq 0),
+    ``commit_view`` adds chosen new cells to seq 0, and ``drop_view`` removes
+    the tag, freeing the cells only the view held.  Seq 0 never loses a cell.
     """
 
     def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int,
@@ -310,11 +312,14 @@ class Context:
 
     def make_view(self, spans: Sequence[tuple[int, int]]) -> None:
         """Tag the cells at positions [p0, p1) of each span with the view sequence.
-        The spans must cover seq 0's first and last position (llama.cpp requires
-        coupled sequences to share their position range)."""
+        A batch decoded through the view must start right after its last cell."""
         self.drop_view()
         for p0, p1 in spans:
             llama_cpp.llama_memory_seq_cp(self._mem, 0, VIEW_SEQ, p0, p1)
+
+    def commit_view(self, p0: int, p1: int) -> None:
+        """Make the view's cells at positions [p0, p1) part of seq 0 too."""
+        llama_cpp.llama_memory_seq_cp(self._mem, VIEW_SEQ, 0, p0, p1)
 
     def drop_view(self) -> None:
         llama_cpp.llama_memory_seq_rm(self._mem, VIEW_SEQ, -1, -1)
@@ -349,9 +354,8 @@ class Context:
         """Decode ``tokens`` at positions start_pos.. in batches of n_batch.
 
         ``logits_all`` keeps every token's logits (one batch at most, read with
-        :meth:`logits_at`).  ``seqs[0]`` picks the cells attended: ``(VIEW_SEQ, 0)``
-        attends through the view and adds the new cells to seq 0 too; ``(VIEW_SEQ,)``
-        is a throwaway probe whose cells go with the view."""
+        :meth:`logits_at`).  ``seqs[0]`` picks the cells attended; every id in
+        ``seqs`` holds the new cells."""
         n = len(tokens)
         if start_pos + n > self.n_ctx:
             raise PromptTooLong(start_pos + n, self.n_ctx, "sequence")

@@ -5,7 +5,8 @@ rows when SpecAttn is on), the target verifies the input token and all drafts
 in one batch, the acceptance rule (core.spec_sampling) keeps a prefix, and
 both caches are cut back to what was accepted.  With SpecAttn the target's
 batch attends only through a view (core.llama_bindings.Context.make_view) of
-the cells the draft's attention selected; the full cache is never touched.
+the cells the draft's attention selected, and only the accepted new cells are
+committed to the target's sequence; the full cache is never touched.
 
 Bookkeeping: ``positions[i]`` is the target KV position of logical token i (-1
 when a sparse prefill dropped it); the draft holds every logical token at
@@ -159,24 +160,24 @@ class SpeculativeDecoder:
 
     def _verify(self, tok: int, rnd: _Round, positions: list[int], tpos: int, params: SamplingParams,
                 rng: np.random.Generator, stats: SpecStats) -> tuple[int, int]:
+        """Decode [tok, *drafts] in one batch (through the view with SpecAttn) and accept
+        a prefix; only accepted cells stay in the target's sequence."""
         t0 = time.perf_counter()
         batch = [tok, *rnd.drafts]
         n_cells = sum(1 for p in positions if p >= 0)
+        n_view = n_cells
         if self.sparse is not None and rnd.steps:
             spans, n_view = view_spans(self.sparse, rnd.steps, positions, tpos)
             self.target.make_view(spans)
             try:
-                self.target.decode(batch, tpos, logits_all=True, seqs=(VIEW_SEQ, 0))
+                self.target.decode(batch, tpos, logits_all=True, seqs=(VIEW_SEQ,))
+                k, nxt = self._accept(len(batch), rnd, params, rng)
+                self.target.commit_view(tpos, tpos + 1 + k)
             finally:
-                self.target.drop_view()
+                self.target.drop_view()  # frees the rejected cells, which only the view held
         else:
             self.target.decode(batch, tpos, logits_all=True)
-            n_view = n_cells
-        rows = [self.target.logits_at(i) for i in range(len(batch))]
-        if params.temperature <= 0.0:
-            k, nxt = accept_greedy(rows, rnd.drafts)
-        else:
-            k, nxt = accept_stochastic([distribution(r, params) for r in rows], rnd.q_rows, rnd.drafts, rng)
+            k, nxt = self._accept(len(batch), rnd, params, rng)
         stats.n_rounds += 1
         stats.n_drafted += len(rnd.drafts)
         stats.n_accepted += k
@@ -185,11 +186,18 @@ class SpeculativeDecoder:
         stats.verify_s += time.perf_counter() - t0
         return k, nxt
 
+    def _accept(self, n_rows: int, rnd: _Round, params: SamplingParams,
+                rng: np.random.Generator) -> tuple[int, int]:
+        rows = [self.target.logits_at(i) for i in range(n_rows)]
+        if params.temperature <= 0.0:
+            return accept_greedy(rows, rnd.drafts)
+        return accept_stochastic([distribution(r, params) for r in rows], rnd.q_rows, rnd.drafts, rng)
+
 
 def view_spans(sparse: SparseVerify, steps: list[np.ndarray], positions: list[int],
                tpos: int) -> tuple[list[tuple[int, int]], int]:
-    """Target position spans of the selected cells, and their count.  llama.cpp needs the
-    view to share seq 0's first and last position, so those two cells are always in it."""
+    """Target position spans of the selected cells, and their count.  The verify batch
+    continues the view, so the newest cell is always in it (and the first, a sink)."""
     pos = np.asarray(positions, dtype=np.int64)
     mask = select_cells(steps, sparse.weights, sparse.p, pos.size, sparse.keep_first)
     chosen = pos[mask]

@@ -66,7 +66,7 @@ def step_costs(engine: Engine, kv: SessionKV, gamma: int) -> dict[str, float]:
     def target(n: int, spans: list[tuple[int, int]] | None = None) -> None:
         if spans is not None:
             tctx.make_view(spans)
-        tctx.decode([tok] * n, nt, logits_all=True, seqs=(VIEW_SEQ, 0) if spans is not None else (0,))
+        tctx.decode([tok] * n, nt, logits_all=True, seqs=(VIEW_SEQ,) if spans is not None else (0,))
         tctx.drop_view()
         tctx.remove_from(nt)
 

@@ -78,18 +78,23 @@ def fresh_logits(ctx, tokens: list[int]) -> np.ndarray:
 @pytest.mark.parametrize("p", [0.5, 0.9])
 def test_sparse_view_never_corrupts_the_session(smol_pair_engine, p):
     """A SpecAttn turn at low p changes what the target attends to, never what it holds:
-    after the turn, both caches give the logits of a fresh dense prefill of the session."""
+    afterwards the target holds exactly the session's tokens (the reply's K/V computed
+    through the views, as SpecAttn does), its prompt cells are untouched, and the draft
+    gives a fresh dense prefill's logits."""
     e = smol_pair_engine
     kv = SessionKV()
     e.load_kv(None)
+    prompt = e.chat.render(STORY).tokens
     first = run(e, STORY, PolicyConfig(enabled=False, specattn=True, specattn_p=p), SamplingParams(max_tokens=30),
                 kv=kv)
     t = first.timings.spec
     assert 0 < t.cells_attended < t.cells_total
     assert kv.spec.tokens == kv.target.tokens  # the draft is in step with the target
+    assert kv.target.tokens[: len(prompt)] == list(prompt)
     assert kv.target.kv_pos == list(range(len(kv.target.tokens)))
     assert e.target_ctx.pos_max() == len(kv.target.tokens) - 1 and e.target_ctx.pos_max(1) == -1  # view gone
-    for ctx, tokens in ((e.target_ctx, kv.target.tokens), (e.spec_ctx, kv.spec.tokens)):
+    checks = ((e.spec_ctx, kv.spec.tokens), (e.target_ctx, list(prompt)))
+    for ctx, tokens in checks:
         kept, fresh = relogit_last(ctx, tokens), fresh_logits(ctx, tokens)
         assert int(np.argmax(kept)) == int(np.argmax(fresh))
         assert np.abs(kept - fresh).max() < 0.05 * (fresh.max() - fresh.min())
@@ -133,3 +138,36 @@ def test_qk_probe_reproduces_llama_attention(tiny_target):
     soft = np.exp(scores - scores.max(-1, keepdims=True))
     soft /= soft.sum(-1, keepdims=True)
     assert np.abs(soft - rows).max() < 0.02
+
+
+def test_view_masks_attention_and_commits_only_chosen_cells(small_model):
+    """A batch through a view must attend to the view alone (llama.cpp masks by the first
+    seq id), and only committed cells may stay in the sequence afterwards."""
+    from core.llama_bindings import VIEW_SEQ, Context, Model
+
+    model = Model(str(small_model))
+    ctx = Context(model, n_ctx=512, n_batch=256, n_ubatch=256, n_threads=2, flash_attn=True, views=True)
+    try:
+        tokens = model.tokenize("The capital of France is Paris. The capital of Japan is Tokyo. " * 8)
+        n = len(tokens)
+        ctx.decode(tokens, 0)
+
+        def second_logits(spans):
+            if spans is not None:
+                ctx.make_view(spans)
+            ctx.decode([5, 6], n, logits_all=True, seqs=(VIEW_SEQ,) if spans is not None else (0,))
+            return ctx.logits_at(1)
+
+        dense = second_logits(None)
+        ctx.remove_from(n)
+        full_view = second_logits([(0, n)])
+        ctx.drop_view()
+        narrow = second_logits([(0, 4), (n - 1, n)])
+        ctx.commit_view(n, n + 1)  # keep the first new cell only
+        ctx.drop_view()
+        assert np.abs(full_view - dense).max() < 0.05 * (dense.max() - dense.min())
+        assert np.abs(narrow - dense).max() > 1.0  # a 5-cell view really changes the result
+        assert ctx.pos_max() == n and ctx.pos_max(VIEW_SEQ) == -1
+    finally:
+        ctx.close()
+        model.close()
