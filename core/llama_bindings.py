@@ -257,8 +257,8 @@ class Context:
     With ``views=True`` the KV cache is unified over two sequence ids, so that
     seq 1 can be a per-step *view* of seq 0: ``make_view`` tags the selected
     cells with seq 1 as well (``seq_cp``, no data is copied), a batch decoded
-    with ``seqs=(VIEW_SEQ,)`` attends only to the view (llama.cpp masks by a
-    token's *first* seq id, so ``(VIEW_SEQ, 0)`` would attend to all of seq 0),
+    with ``seqs=(VIEW_SEQ,)`` attends only to the view (a batch with ids
+    ``(VIEW_SEQ, 0)`` was measured to attend to all of seq 0, exactly as dense),
     ``commit_view`` adds chosen new cells to seq 0, and ``drop_view`` removes
     the tag, freeing the cells only the view held.  Seq 0 never loses a cell.
     """
