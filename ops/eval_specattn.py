@@ -121,7 +121,7 @@ class PerplexityRun:
         lmap = layer_map.load(target, draft)
         self.map_source = lmap.source
         self.weights = layer_weights(np.asarray(lmap.mapping), draft.n_layer)
-        self.n_kv_head = 0
+        self.keys = np.empty((0, 0, 0, 0), dtype=np.float32)  # [n_layer, n_kv_head, n, d], set by prefill
 
     def close(self) -> None:
         self.target.close()
@@ -131,8 +131,7 @@ class PerplexityRun:
         n0 = max(SINKS + 1, int(len(self.tokens) * self.setup.prefix_frac))
         self.qk.start_keys()
         self.target.decode(self.tokens, 0, logits_last=False)
-        self.keys = self.qk.stop_keys()  # [n_layer, n_kv_head, n, d]
-        self.n_kv_head = self.keys.shape[1]
+        self.keys = self.qk.stop_keys()
         self.draft.decode(self.tokens[:n0], 0, logits_last=False)
         return n0
 
@@ -147,7 +146,7 @@ class PerplexityRun:
         out["streaming"] = streaming_mask(i, budget)
         q = self.query(i)
         k_min, k_max = page_bounds(self.keys, i)
-        out["quest"] = quest_mask(q, k_min, k_max, i, budget, self.n_kv_head)
+        out["quest"] = quest_mask(q, k_min, k_max, i, budget, self.keys.shape[1])
         return out
 
     def query(self, i: int) -> np.ndarray:
