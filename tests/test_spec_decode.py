@@ -171,3 +171,14 @@ def test_view_masks_attention_and_commits_only_chosen_cells(small_model):
     finally:
         ctx.close()
         model.close()
+
+
+def test_low_p_verify_really_attends_through_the_view(smol_pair_engine):
+    """At p = 0.3 the target verifies against ~6% of the cells, which changes the greedy
+    reply; were the view not applied (e.g. a batch tagged [1, 0], which attends to all of
+    seq 0), the reply would equal dense verification's."""
+    greedy = SamplingParams(max_tokens=48)
+    dense = run(smol_pair_engine, STORY, SPECULATIVE, greedy)
+    sparse = run(smol_pair_engine, STORY, PolicyConfig(enabled=False, specattn=True, specattn_p=0.3), greedy)
+    assert sparse.timings.spec.selected_frac < 0.2
+    assert sparse.tokens != dense.tokens
