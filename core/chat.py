@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from core.errors import InvalidRequest
-from core.llama_bindings import Model
 from core.prompt import Prompt, Span
+
+if TYPE_CHECKING:  # tokenizing needs llama.cpp; rendering and validation do not
+    from core.llama_bindings import Model
 
 ROLES = ("system", "user", "assistant", "tool")
 CHATML = (

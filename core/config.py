@@ -8,6 +8,7 @@ Precedence, highest first: an explicit CLI flag (or request field), then the
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,13 +41,9 @@ def field_default(f: dataclasses.Field) -> Any:
 
 
 @dataclass(slots=True, frozen=True)
-class PolicyConfig:
-    """Per-request engine policy: SpecPrefill (scoring, selection, guard, break-even)
-    and decoding (speculative decoding, SpecAttn sparse verification)."""
+class Selection:
+    """Which chunks of the scored tokens the target prefills (core.selection)."""
 
-    enabled: bool = True
-    lookahead: int = 1  # chosen by specgate eval: see README "Answer quality"
-    pool_kernel: int = 13
     chunk_size: int = 32
     select_mode: str = "mass"
     mass: float = 0.85
@@ -54,6 +51,23 @@ class PolicyConfig:
     keep_first: int = 4
     keep_last: int = 2
     max_keep: int = 0  # 0 = no cap
+
+    def __post_init__(self) -> None:
+        _require(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")
+        _one_of("select_mode", self.select_mode, SELECT_MODES)
+        _require(0.0 < self.mass <= 1.0, f"mass must be in (0, 1], got {self.mass}")
+        _require(0.0 < self.keep_fraction <= 1.0, f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
+        _require(self.keep_first >= 0 and self.keep_last >= 1, "keep_first must be >= 0 and keep_last >= 1")
+        _require(self.max_keep >= 0, f"max_keep must be >= 0, got {self.max_keep}")
+
+
+@dataclass(slots=True, frozen=True)
+class PrefillPolicy:
+    """SpecPrefill for one turn: scoring, selection, guard and break-even."""
+
+    enabled: bool = True
+    lookahead: int = 1  # chosen by specgate eval: see results/README.md "Answer quality"
+    pool_kernel: int = 13
     boost_first_n: int = 64
     boost_first_mult: float = 1.5
     boost_last_n: int = 128
@@ -65,20 +79,11 @@ class PolicyConfig:
     guard_mode: str = "skip"
     guard_scan_tokens: int = 256
     guard_keywords: tuple[str, ...] = DEFAULT_GUARD_KEYWORDS
-    speculative: bool = False  # draft with the speculator, verify densely with the target
-    specattn: bool = False  # speculative decoding with SpecAttn's sparse verification (implies speculative)
-    gamma: int = 4
-    specattn_p: float = 0.95
+    selection: Selection = field(default_factory=Selection)
 
     def __post_init__(self) -> None:
         _require(self.lookahead >= 0, f"lookahead must be >= 0, got {self.lookahead}")
         _require(self.pool_kernel >= 0, f"pool_kernel must be >= 0, got {self.pool_kernel}")
-        _require(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")
-        _one_of("select_mode", self.select_mode, SELECT_MODES)
-        _require(0.0 < self.mass <= 1.0, f"mass must be in (0, 1], got {self.mass}")
-        _require(0.0 < self.keep_fraction <= 1.0, f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
-        _require(self.keep_first >= 0 and self.keep_last >= 1, "keep_first must be >= 0 and keep_last >= 1")
-        _require(self.max_keep >= 0, f"max_keep must be >= 0, got {self.max_keep}")
         _require(self.boost_first_mult > 0 and self.boost_last_mult > 0, "boost multipliers must be > 0")
         _require(self.boost_first_n >= 0 and self.boost_last_n >= 0, "boost spans must be >= 0")
         _one_of("position_mode", self.position_mode, POSITION_MODES)
@@ -86,12 +91,32 @@ class PolicyConfig:
         _require(self.safety > 0, f"safety must be > 0, got {self.safety}")
         _one_of("guard_mode", self.guard_mode, GUARD_MODES)
         _require(self.guard_scan_tokens >= 0, "guard_scan_tokens must be >= 0")
+
+
+class DecodeMode(enum.StrEnum):
+    PLAIN = "plain"
+    SPECULATIVE = "speculative"  # the speculator drafts, the target verifies densely
+    SPECATTN = "specattn"  # speculative, verified through SpecAttn's sparse KV view
+
+
+@dataclass(slots=True, frozen=True)
+class DecodingPolicy:
+    """How one turn decodes after the prefill."""
+
+    speculative: bool = False
+    specattn: bool = False  # implies speculative
+    gamma: int = 4
+    specattn_p: float = 0.95
+
+    def __post_init__(self) -> None:
         _require(1 <= self.gamma <= 16, f"gamma must be in [1, 16], got {self.gamma}")
         _require(0.0 < self.specattn_p <= 1.0, f"specattn_p must be in (0, 1], got {self.specattn_p}")
 
     @property
-    def decode_mode(self) -> str:
-        return "specattn" if self.specattn else "speculative" if self.speculative else "plain"
+    def mode(self) -> DecodeMode:
+        if self.specattn:
+            return DecodeMode.SPECATTN
+        return DecodeMode.SPECULATIVE if self.speculative else DecodeMode.PLAIN
 
 
 @dataclass(slots=True, frozen=True)
@@ -165,18 +190,41 @@ class GatewayConfig:
         _one_of("log_level", self.log_level, ("debug", "info", "warning", "error"))
 
 
+@dataclass(slots=True, frozen=True)
+class TurnParams:
+    """Everything a request decides about one turn, besides its messages."""
+
+    prefill: PrefillPolicy = field(default_factory=PrefillPolicy)
+    decoding: DecodingPolicy = field(default_factory=DecodingPolicy)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(slots=True, frozen=True)
+class ServeConfig:
+    """``specgate serve``: the gateway, the engine, and the default turn policies."""
+
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    prefill: PrefillPolicy = field(default_factory=PrefillPolicy)
+    decoding: DecodingPolicy = field(default_factory=DecodingPolicy)
+
+
 T = TypeVar("T")
+
+
+def parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
 
 
 def _convert(name: str, raw: Any, default: Any) -> Any:
     if isinstance(raw, str) and not isinstance(default, str):
         try:
             if isinstance(default, bool):
-                if raw.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if raw.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(raw)
+                return parse_bool(raw)
             if isinstance(default, int):
                 return int(raw)
             if isinstance(default, float):
@@ -188,6 +236,17 @@ def _convert(name: str, raw: Any, default: Any) -> Any:
     return raw
 
 
+def flat_fields(cls: type) -> list[dataclasses.Field]:
+    """The settable fields of ``cls``, with nested config dataclasses expanded: flags,
+    ``SPECGATE_*`` variables and request objects name them flat (``mass``, not
+    ``selection.mass``); field names are unique across the nesting."""
+    out: list[dataclasses.Field] = []
+    for f in dataclasses.fields(cls):
+        default = field_default(f)
+        out.extend(flat_fields(type(default)) if dataclasses.is_dataclass(default) else [f])
+    return out
+
+
 def build(cls: type[T], flags: Mapping[str, Any] | None = None,
           env: Mapping[str, str] | None = None) -> T:
     """Build ``cls`` from flags (non-None wins), then SPECGATE_* env, then defaults."""
@@ -196,7 +255,9 @@ def build(cls: type[T], flags: Mapping[str, Any] | None = None,
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         default = field_default(f)
-        if flags.get(f.name) is not None:
+        if dataclasses.is_dataclass(default):
+            values[f.name] = build(type(default), flags, env)
+        elif flags.get(f.name) is not None:
             values[f.name] = _convert(f"--{f.name.replace('_', '-')}", flags[f.name], default)
         elif (key := f"SPECGATE_{f.name.upper()}") in env:
             values[f.name] = _convert(key, env[key], default)
@@ -204,6 +265,19 @@ def build(cls: type[T], flags: Mapping[str, Any] | None = None,
 
 
 def override(base: T, **changes: Any) -> T:
-    """A copy of ``base`` with the non-None ``changes`` applied (and validated)."""
+    """A copy of ``base`` with the non-None ``changes`` (flat names, see :func:`flat_fields`)
+    applied and validated; an unknown name is a :class:`ConfigError`."""
     real = {k: v for k, v in changes.items() if v is not None}
-    return dataclasses.replace(base, **real) if real else base  # type: ignore[type-var]
+    if not real:
+        return base
+    for f in dataclasses.fields(base):  # type: ignore[arg-type]
+        inner = getattr(base, f.name)
+        if dataclasses.is_dataclass(inner):
+            names = {g.name for g in flat_fields(type(inner))}
+            mine = {k: real.pop(k) for k in list(real) if k in names}
+            if mine:
+                real[f.name] = override(inner, **mine)
+    known = {f.name for f in dataclasses.fields(base)}  # type: ignore[arg-type]
+    if unknown := set(real) - known:
+        raise ConfigError(f"unknown field(s) {sorted(unknown)} for {type(base).__name__}")
+    return dataclasses.replace(base, **real)  # type: ignore[type-var]

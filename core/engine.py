@@ -10,72 +10,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from core import guard as tool_guard
 from core import layer_map, planner
 from core.chat import ChatTemplate
-from core.config import EngineConfig, PolicyConfig, SamplingParams
+from core.config import DecodeMode, DecodingPolicy, EngineConfig, PrefillPolicy, SamplingParams, TurnParams
 from core.decode import Generation, OnText, generate
 from core.errors import EmptyPrompt, PromptTooLong, VocabMismatch
-from core.kv_state import SeqState, SessionKV, common_prefix
 from core.llama_bindings import AttentionCapture, Context, Model
 from core.prefill import sparse_prefill
 from core.prompt import Prompt
 from core.scoring import importance
 from core.selection import runs, select_tokens
-from core.spec_decode import SparseVerify, SpecStats, SpeculativeDecoder
-from core.specattn import layer_weights
+from core.session_kv import SeqState, SessionKV, common_prefix
+from core.specattn import SparseVerify, layer_weights
+from core.speculative import SpeculativeDecoder
+from core.results import Result, Timings
 
 VOCAB_PROBE = "SpecGate probe: fn get_weather(city) -> {\"temp\": 21.5} 東京 ✓"
 CALIBRATION_TEXT = (
     "The quick brown fox jumps over the lazy dog while the committee reviews the "
     "quarterly report on distributed systems, caching layers and network latency. "
 )
-
-
-@dataclass(slots=True)
-class Timings:
-    status: str = planner.Status.DISABLED.value
-    reason: str = ""
-    position_mode: str = "original"
-    n_prompt: int = 0
-    n_kept: int = 0
-    n_runs: int = 0
-    spec_prefill_ms: float = 0.0
-    lookahead_ms: float = 0.0
-    scoring_ms: float = 0.0
-    prefill_ms: float = 0.0
-    ttft_ms: float = 0.0
-    decode_ms: float = 0.0
-    n_predicted: int = 0
-    cache_n: int = 0  # target tokens reused from the session
-    spec_cache_n: int = 0  # speculator tokens reused from the session
-    spec_prefill_n: int = 0  # prompt tokens prefilled into the speculator this turn
-    decode_mode: str = "plain"  # plain | speculative | specattn
-    draft_sync_ms: float = 0.0  # bringing the draft up to the prompt before speculating
-    spec: SpecStats = field(default_factory=SpecStats)  # speculative rounds: drafts, acceptance, KV cells
-
-    @property
-    def prompt_n(self) -> int:
-        """Tokens the target processed this turn."""
-        return self.n_kept
-
-    @property
-    def kept_pct(self) -> float:
-        n_new = self.n_prompt - self.cache_n
-        return 100.0 * self.n_kept / n_new if n_new else 0.0
-
-
-@dataclass(slots=True)
-class Result:
-    text: str
-    finish_reason: str
-    tokens: list[int]
-    timings: Timings
-    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def check_same_vocab(a: Model, b: Model) -> None:
@@ -103,7 +61,7 @@ class Engine:
             self.target_ctx = Context(self.target, n_ctx=config.n_ctx, n_batch=config.n_batch,
                                       n_ubatch=config.n_ubatch, n_threads=config.n_threads,
                                       flash_attn=config.target_flash_attn, views=True)
-            self.spec_ctx = Context(self.speculator, n_ctx=config.speculator_n_ctx, n_batch=config.n_batch,
+            self.speculator_ctx = Context(self.speculator, n_ctx=config.speculator_n_ctx, n_batch=config.n_batch,
                                     n_ubatch=config.n_ubatch, n_threads=config.n_threads,
                                     flash_attn=False, capture=self.capture)
         except Exception:
@@ -116,7 +74,7 @@ class Engine:
             self.calibrate(config.calibrate_tokens)
 
     def close(self) -> None:
-        for obj in ("spec_ctx", "target_ctx"):
+        for obj in ("speculator_ctx", "target_ctx"):
             if hasattr(self, obj):
                 getattr(self, obj).close()
         self.speculator.close()
@@ -125,13 +83,13 @@ class Engine:
     # -- session KV residency -------------------------------------------------
     def save_kv(self) -> tuple[bytes, bytes]:
         """The resident session's KV of both models, serialized."""
-        return self.target_ctx.save_seq(), self.spec_ctx.save_seq()
+        return self.target_ctx.save_seq(), self.speculator_ctx.save_seq()
 
     def load_kv(self, blobs: tuple[bytes, bytes] | None) -> None:
         """Make a saved session resident; None empties both caches (a fresh or evicted session)."""
-        target, spec = blobs or (b"", b"")
+        target, speculator = blobs or (b"", b"")
         self.target_ctx.load_seq(target)
-        self.spec_ctx.load_seq(spec)
+        self.speculator_ctx.load_seq(speculator)
 
     # -- measurement --------------------------------------------------------
     def calibrate(self, n_tokens: int) -> None:
@@ -141,7 +99,7 @@ class Engine:
         down.  Real prefills then keep the figures current (running averages)."""
         text = CALIBRATION_TEXT * (n_tokens // 20 + 2)
         tokens = self.target.tokenize(text, add_special=False)[:n_tokens]
-        for ctx, observe in ((self.spec_ctx, self.speeds.observe_spec_prefill),
+        for ctx, observe in ((self.speculator_ctx, self.speeds.observe_speculator_prefill),
                              (self.target_ctx, self.speeds.observe_target_prefill)):
             ctx.clear()
             ctx.decode(tokens[:32], 0)  # the first decode pages the mmap'd weights in
@@ -154,10 +112,10 @@ class Engine:
             observe(len(tokens), best)
         t0 = time.perf_counter()
         self.capture.start(len(tokens))
-        self.spec_ctx.decode([tokens[0]], len(tokens))
+        self.speculator_ctx.decode([tokens[0]], len(tokens))
         self.capture.stop()
-        self.speeds.observe_spec_step(time.perf_counter() - t0)
-        self.spec_ctx.clear()
+        self.speeds.observe_speculator_step(time.perf_counter() - t0)
+        self.speculator_ctx.clear()
         self.target_ctx.clear()
 
     # -- one request ----------------------------------------------------------
@@ -165,17 +123,17 @@ class Engine:
         n = len(prompt)
         if n == 0:
             raise EmptyPrompt("the prompt is empty")
-        limit = min(self.target_ctx.n_ctx, self.spec_ctx.n_ctx) - 1
+        limit = min(self.target_ctx.n_ctx, self.speculator_ctx.n_ctx) - 1
         if n > limit:
             raise PromptTooLong(n, limit)
 
-    def plan(self, prompt: Prompt, policy: PolicyConfig, n_select: int, n_score: int) -> planner.Plan:
+    def plan(self, prompt: Prompt, policy: PrefillPolicy, n_select: int, n_score: int) -> planner.Plan:
         n_head = min(policy.guard_scan_tokens, len(prompt))
         head = self.target.detokenize(prompt.tokens[:n_head], special=True)
         verdict = tool_guard.inspect(prompt, head, n_head, policy.guard_keywords)
         return planner.plan(n_select, n_score, policy, verdict, self.speeds)
 
-    def score(self, kv: SeqState, tokens: tuple[int, ...], policy: PolicyConfig, t: Timings) -> np.ndarray:
+    def score(self, kv: SeqState, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings) -> np.ndarray:
         """Per-token importance over all of ``tokens`` (see :meth:`capture_steps`)."""
         steps = self.capture_steps(kv, tokens, policy.lookahead, t)
         return importance(steps, len(tokens), policy.pool_kernel, policy.boost_first_n, policy.boost_first_mult,
@@ -184,7 +142,7 @@ class Engine:
     def capture_steps(self, kv: SeqState, tokens: tuple[int, ...], lookahead: int, t: Timings) -> list[np.ndarray]:
         """Prefill the speculator's missing tokens without capture, then capture the last
         prompt token's row and ``lookahead`` greedy steps: [n_layer, n_head, n_keys] each."""
-        ctx, n = self.spec_ctx, len(tokens)
+        ctx, n = self.speculator_ctx, len(tokens)
         t0 = time.perf_counter()
         base = self._sync_speculator(kv, tokens[:-1])
         t1 = time.perf_counter()
@@ -201,9 +159,9 @@ class Engine:
         ctx.remove_from(base + 1)  # lookahead tokens are not context
         kv.extend([tokens[-1]], [base])
         t2 = time.perf_counter()
-        t.spec_prefill_ms = (t1 - t0) * 1e3
+        t.speculator_prefill_ms = (t1 - t0) * 1e3
         t.lookahead_ms = (t2 - t1) * 1e3
-        self.speeds.observe_spec_step((t2 - t1) / max(1, len(steps)))
+        self.speeds.observe_speculator_step((t2 - t1) / max(1, len(steps)))
         return steps
 
     @staticmethod
@@ -215,107 +173,101 @@ class Engine:
     def _sync_speculator(self, kv: SeqState, tokens: Sequence[int]) -> int:
         """Bring the speculator's cache to exactly ``tokens``; returns the next position.
         Every such prefill also refreshes the measured speculator speed."""
-        ctx = self.spec_ctx
+        ctx = self.speculator_ctx
         self._rollback(ctx, kv, min(common_prefix(kv.tokens, tokens), len(tokens)))
         delta = tokens[len(kv.tokens):]
         base = kv.next_pos
         if delta:
             t0 = time.perf_counter()
             ctx.decode(delta, base, logits_last=False)
-            self.speeds.observe_spec_prefill(len(delta), time.perf_counter() - t0)
+            self.speeds.observe_speculator_prefill(len(delta), time.perf_counter() - t0)
             kv.extend(delta, range(base, base + len(delta)))
         return base + len(delta)
 
-    def select(self, scores: np.ndarray, policy: PolicyConfig,
-               protected: tuple[tuple[int, int], ...]) -> np.ndarray:
-        return select_tokens(scores, chunk=policy.chunk_size, mode=policy.select_mode,
-                             mass=policy.mass, fraction=policy.keep_fraction,
-                             keep_first=policy.keep_first, keep_last=policy.keep_last,
-                             max_keep=policy.max_keep, protected=protected)
-
-    def run(self, prompt: Prompt, policy: PolicyConfig, sampling: SamplingParams,
-            on_text: OnText | None = None, kv: SessionKV | None = None) -> Result:
+    def run(self, prompt: Prompt, params: TurnParams, on_text: OnText | None = None,
+            kv: SessionKV | None = None) -> Result:
         """One turn.  With ``kv`` (a session whose KV is resident in both contexts) only
         the delta against the session's tokens is prefilled; without it, a fresh context."""
         self.check_prompt(prompt)
         persistent = kv is not None
         if kv is None:
             kv = SessionKV()
-            self.spec_ctx.clear()
+            self.speculator_ctx.clear()
             self.target_ctx.clear()
+        policy = params.prefill
         t_start = time.perf_counter()
         tokens, n = prompt.tokens, len(prompt)
         # the last prompt token is always decoded again: its logits start generation
         q = min(common_prefix(kv.target.tokens, tokens), n - 1)
-        p = min(common_prefix(kv.spec.tokens, tokens), n - 1)
+        p = min(common_prefix(kv.speculator.tokens, tokens), n - 1)
         self._rollback(self.target_ctx, kv.target, q)
         delta = tokens[q:]
-        t = Timings(position_mode=policy.position_mode, n_prompt=n, cache_n=q,
-                    spec_cache_n=p, spec_prefill_n=n - p)
+        t = Timings(position_mode=policy.position_mode, context_n=n, cache_n=q,
+                    speculator_cache_n=p, speculator_prefill_n=n - p)
         decision = self.plan(prompt, policy, n_select=len(delta), n_score=n - p)
-        t.status, t.reason = decision.status.value, decision.reason
+        t.specprefill, t.specprefill_reason = decision.status.value, decision.reason
         kept = np.arange(len(delta))
         if decision.score:
-            scores = self.score(kv.spec, tokens, policy, t)[q:]
+            scores = self.score(kv.speculator, tokens, policy, t)[q:]
             protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
-            kept = self.select(scores, policy, protected)
+            kept = select_tokens(scores, policy.selection, protected)
             t.scoring_ms = (time.perf_counter() - t_start) * 1e3
             self.speeds.observe_kept(kept.size / len(delta))
             if kept.size == len(delta):
-                t.status, t.reason = planner.Status.KEPT_ALL.value, "selection kept every token"
-        t.n_kept, t.n_runs = int(kept.size), len(runs(kept))
-        gen = self.prefill_and_decode(kv, delta, kept, policy, sampling, on_text, t, tokens)
-        t.ttft_ms = t.scoring_ms + t.prefill_ms + gen.first_token_s * 1e3
+                t.specprefill, t.specprefill_reason = planner.Status.KEPT_ALL.value, "selection kept every token"
+        t.prompt_n, t.kept_runs = int(kept.size), len(runs(kept))
+        gen = self.prefill_and_decode(kv, delta, kept, params, on_text, t, tokens)
+        t.ttft_ms = t.scoring_ms + t.prompt_ms + gen.first_token_s * 1e3
         if persistent:
             # keep the speculator in step (prompt + reply) so the next turn scores only its delta
-            self._sync_speculator(kv.spec, tokens + tuple(gen.tokens[: gen.n_decoded]))
+            self._sync_speculator(kv.speculator, tokens + tuple(gen.tokens[: gen.n_decoded]))
         else:
-            t.spec_prefill_n = n - p if decision.score else 0
+            t.speculator_prefill_n = n - p if decision.score else 0
         return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q)
 
     def prefill_and_decode(self, kv_all: SessionKV, delta: tuple[int, ...], kept: np.ndarray,
-                           policy: PolicyConfig, sampling: SamplingParams, on_text: OnText | None,
-                           t: Timings, prompt: tuple[int, ...]) -> Generation:
-        ctx, kv, mode = self.target_ctx, kv_all.target, policy.position_mode
+                           params: TurnParams, on_text: OnText | None, t: Timings,
+                           prompt: tuple[int, ...]) -> Generation:
+        ctx, kv, mode = self.target_ctx, kv_all.target, params.prefill.position_mode
         # original mode keeps logical positions (bridging any gap); compact packs after the cache
         base = len(kv.tokens) if mode == "original" else kv.next_pos
         t0 = time.perf_counter()
         n_past = sparse_prefill(ctx, delta, kept, mode, base)
-        t.prefill_ms = (time.perf_counter() - t0) * 1e3
+        t.prompt_ms = (time.perf_counter() - t0) * 1e3
         positions = np.full(len(delta), -1)
         positions[kept] = np.arange(kept.size) + base if mode == "compact" else kept + base
         kv.extend(delta, positions.tolist())
-        self.speeds.observe_target_prefill(int(kept.size), t.prefill_ms / 1e3)
-        if policy.decode_mode == "plain":
-            gen = generate(ctx, n_past, sampling, on_text)
+        self.speeds.observe_target_prefill(int(kept.size), t.prompt_ms / 1e3)
+        if params.decoding.mode is DecodeMode.PLAIN:
+            gen = generate(ctx, n_past, params.sampling, on_text)
         else:
-            gen = self.speculate(kv_all, prompt, policy, sampling, on_text, t)
+            gen = self.speculate(kv_all, prompt, params.decoding, params.sampling, on_text, t)
         kv.extend(gen.tokens[: gen.n_decoded], range(n_past, n_past + gen.n_decoded))
-        t.decode_ms = gen.decode_s * 1e3
-        t.n_predicted = len(gen.tokens)
+        t.predicted_ms = gen.decode_s * 1e3
+        t.predicted_n = len(gen.tokens)
         return gen
 
-    def speculate(self, kv: SessionKV, prompt: tuple[int, ...], policy: PolicyConfig, sampling: SamplingParams,
+    def speculate(self, kv: SessionKV, prompt: tuple[int, ...], policy: DecodingPolicy, sampling: SamplingParams,
                   on_text: OnText | None, t: Timings) -> Generation:
         """Speculative decoding from the prefilled target; the draft catches up on the
         prompt after the first token is out (so it does not delay TTFT)."""
         sparse = None
-        if policy.specattn:
+        if policy.mode is DecodeMode.SPECATTN:
             weights = layer_weights(np.asarray(self.layer_map.mapping), self.speculator.n_layer)
             sparse = SparseVerify(weights, policy.specattn_p)
-        decoder = SpeculativeDecoder(self.target_ctx, self.spec_ctx, self.capture, policy.gamma, sparse)
+        decoder = SpeculativeDecoder(self.target_ctx, self.speculator_ctx, self.capture, policy.gamma, sparse)
 
         def draft_ready() -> tuple[list[int], int]:
             t0 = time.perf_counter()
-            if kv.spec.tokens != list(prompt):
-                base = self._sync_speculator(kv.spec, prompt[:-1])
+            if kv.speculator.tokens != list(prompt):
+                base = self._sync_speculator(kv.speculator, prompt[:-1])
                 pending, pos = [prompt[-1]], base
             else:
-                pending, pos = [], kv.spec.next_pos
+                pending, pos = [], kv.speculator.next_pos
             t.draft_sync_ms = (time.perf_counter() - t0) * 1e3
             return pending, pos
 
         out = decoder.generate(kv.target.kv_pos, draft_ready, sampling, on_text)
-        kv.spec.extend(out.draft_committed, range(out.draft_pos, out.draft_pos + len(out.draft_committed)))
-        t.decode_mode, t.spec = policy.decode_mode, out.stats
+        kv.speculator.extend(out.draft_committed, range(out.draft_pos, out.draft_pos + len(out.draft_committed)))
+        t.decode_mode, t.speculative = policy.mode.value, out.stats
         return out.gen

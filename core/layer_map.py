@@ -22,7 +22,7 @@ import orjson
 
 from core.errors import ConfigError
 from core.llama_bindings import AttentionCapture, Context, Model
-from core.model_store import cached_sha256, models_dir
+from core.model_files import cached_sha256, models_dir
 from core.specattn import kl_similarity, monotone_layer_map, proportional_map
 
 

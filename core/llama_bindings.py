@@ -7,6 +7,7 @@ are not thread-safe: the engine calls them from its model worker thread only.
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 import sys
 import threading
@@ -37,7 +38,10 @@ def init_backend() -> None:
             _backend_ready = True
 
 
-def _ggml_base() -> ctypes.CDLL:
+@functools.cache
+def _ggml() -> ctypes.CDLL:
+    """libggml-base, loaded on first use (importing this module loads no native library
+    beyond llama_cpp's own)."""
     lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
     lib.ggml_get_name.restype = ctypes.c_char_p
     lib.ggml_get_name.argtypes = [ctypes.c_void_p]
@@ -46,7 +50,6 @@ def _ggml_base() -> ctypes.CDLL:
     return lib
 
 
-_GGML = _ggml_base()
 # struct ggml_tensor { enum ggml_type type; ggml_backend_buffer * buffer; int64_t ne[4]; size_t nb[4]; ... }
 _NE_OFFSET = ctypes.sizeof(ctypes.c_void_p) * 2
 _SOFTMAX = re.compile(rb"^kq_soft_max-(\d+)$")
@@ -158,7 +161,7 @@ class AttentionCapture:
     def _on_eval(self, tensor: int, ask: bool, user_data: int) -> bool:
         if not self.active:
             return not ask
-        name = _GGML.ggml_get_name(tensor)
+        name = _ggml().ggml_get_name(tensor)
         match = _SOFTMAX.match(name or b"")
         if ask:
             return match is not None
@@ -174,7 +177,7 @@ class AttentionCapture:
         out = np.empty((n_head, n_read), dtype=np.float32)
         for h in range(n_head):
             offset = (n_q - 1) * strides[1] + h * strides[2]
-            _GGML.ggml_backend_tensor_get(tensor, out[h].ctypes.data, offset, n_read * 4)
+            _ggml().ggml_backend_tensor_get(tensor, out[h].ctypes.data, offset, n_read * 4)
         self._rows[layer] = out
 
 
@@ -187,7 +190,7 @@ def _tensor_f32(tensor: int) -> np.ndarray | None:
     if nb[0] != 4 or nb[1] != 4 * ne[0] or nb[2] != nb[1] * ne[1]:
         return None
     out = np.empty((ne[2], ne[1], ne[0]), dtype=np.float32)
-    _GGML.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
+    _ggml().ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
     return out
 
 
@@ -229,7 +232,7 @@ class QKCapture:
     def _on_eval(self, tensor: int, ask: bool, user_data: int) -> bool:
         if not self.mode:
             return not ask
-        match = _QK.match(_GGML.ggml_get_name(tensor) or b"")
+        match = _QK.match(_ggml().ggml_get_name(tensor) or b"")
         if match is None or match.group(1).decode() != self.mode:
             return not ask
         if ask:
@@ -306,9 +309,6 @@ class Context:
 
     def pos_max(self, seq: int = 0) -> int:
         return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq))
-
-    def pos_min(self, seq: int = 0) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq))
 
     def make_view(self, spans: Sequence[tuple[int, int]]) -> None:
         """Tag the cells at positions [p0, p1) of each span with the view sequence.

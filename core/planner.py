@@ -1,16 +1,17 @@
 """The planner: decide, before any scoring, whether SpecPrefill runs.
 
-Statuses are the seed's strings, reported as ``timings.specprefill``.  The
-break-even test uses throughputs measured on this machine (calibrated at load,
-then running averages of every real prefill), never constants.
+Statuses are the strings of the SpecPrefill guide (the spec this project
+implements), reported as ``timings.specprefill``.  The break-even test uses
+throughputs measured on this machine (calibrated at load, then running
+averages of every real prefill), never constants.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from core.config import PolicyConfig
+from core.config import PrefillPolicy
 from core.guard import GuardVerdict
 
 
@@ -27,8 +28,8 @@ class Status(enum.StrEnum):
 class Throughput:
     """Exponential running averages of measured speeds (tokens/s, seconds/step)."""
 
-    spec_prefill_tps: float = 0.0
-    spec_step_s: float = 0.0
+    speculator_prefill_tps: float = 0.0
+    speculator_step_s: float = 0.0
     target_prefill_tps: float = 0.0
     kept_ratio: float = 0.3  # prior until the first real selection is seen
     alpha: float = 0.3
@@ -36,13 +37,13 @@ class Throughput:
     def _mix(self, old: float, new: float) -> float:
         return new if old <= 0.0 else (1 - self.alpha) * old + self.alpha * new
 
-    def observe_spec_prefill(self, n_tokens: int, seconds: float) -> None:
+    def observe_speculator_prefill(self, n_tokens: int, seconds: float) -> None:
         if n_tokens >= 16 and seconds > 0:
-            self.spec_prefill_tps = self._mix(self.spec_prefill_tps, n_tokens / seconds)
+            self.speculator_prefill_tps = self._mix(self.speculator_prefill_tps, n_tokens / seconds)
 
-    def observe_spec_step(self, seconds: float) -> None:
+    def observe_speculator_step(self, seconds: float) -> None:
         if seconds > 0:
-            self.spec_step_s = self._mix(self.spec_step_s, seconds)
+            self.speculator_step_s = self._mix(self.speculator_step_s, seconds)
 
     def observe_target_prefill(self, n_tokens: int, seconds: float) -> None:
         if n_tokens >= 16 and seconds > 0:
@@ -53,7 +54,7 @@ class Throughput:
 
     @property
     def calibrated(self) -> bool:
-        return self.spec_prefill_tps > 0 and self.target_prefill_tps > 0
+        return self.speculator_prefill_tps > 0 and self.target_prefill_tps > 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,7 +68,7 @@ def break_even(n_score: int, n_select: int, lookahead: int, speeds: Throughput,
                safety: float) -> BreakEven:
     """Scoring costs the speculator's prefill of ``n_score`` tokens plus lookahead
     steps; it saves the target's prefill of the ``n_select`` tokens expected to drop."""
-    scoring = n_score / speeds.spec_prefill_tps + (lookahead + 1) * speeds.spec_step_s
+    scoring = n_score / speeds.speculator_prefill_tps + (lookahead + 1) * speeds.speculator_step_s
     saved = n_select * (1.0 - speeds.kept_ratio) / speeds.target_prefill_tps
     return BreakEven(scoring, saved, saved >= scoring * safety)
 
@@ -77,11 +78,10 @@ class Plan:
     status: Status
     reason: str
     score: bool
-    protected: tuple[tuple[int, int], ...] = field(default=())
-    estimate: BreakEven | None = None
+    protected: tuple[tuple[int, int], ...] = ()
 
 
-def plan(n_select: int, n_score: int, policy: PolicyConfig, guard: GuardVerdict,
+def plan(n_select: int, n_score: int, policy: PrefillPolicy, guard: GuardVerdict,
          speeds: Throughput) -> Plan:
     """``n_select``: tokens eligible for sparsification (the new delta);
     ``n_score``: tokens the speculator must newly prefill to score them."""
@@ -95,12 +95,11 @@ def plan(n_select: int, n_score: int, policy: PolicyConfig, guard: GuardVerdict,
         if policy.guard_mode == "skip":
             return Plan(Status.SKIPPED_TOOL_GUARD, guard.reason, False)
         protected = guard.spans
-    estimate = None
     if policy.break_even and speeds.calibrated:
         estimate = break_even(n_score, n_select, policy.lookahead, speeds, policy.safety)
         if not estimate.worth_it:
             return Plan(Status.SKIPPED_BREAK_EVEN,
                         f"saves ~{estimate.saved_s:.2f}s < scoring ~{estimate.scoring_s:.2f}s"
-                        f" x {policy.safety}", False, estimate=estimate)
+                        f" x {policy.safety}", False)
     reason = "guarded: tool spans kept dense" if protected else "scoring"
-    return Plan(Status.ACTIVE, reason, True, protected, estimate)
+    return Plan(Status.ACTIVE, reason, True, protected)

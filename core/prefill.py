@@ -2,7 +2,8 @@
 
 llama.cpp rejects a batch whose positions have gaps or that does not start at
 the cache's last position + 1, so a sparse prefill at original positions
-cannot be one batch.  Two mechanisms work (DESIGN.md §2):
+cannot be one batch.  Two mechanisms work (verified in the project's design
+notes, README "How SpecPrefill is done here"):
 
 * ``original`` ("bridge"): decode each contiguous kept run as its own batch;
   before run r, move the previous run's last cell forward so it sits right

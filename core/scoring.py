@@ -1,8 +1,9 @@
 """Token importance from captured attention rows (pure numpy).
 
-The seed's definition: max over heads, then max over layers, then mean over
-the lookahead steps; optional mean-pool smoothing along tokens; min-max
-normalization to [0, 1]; a structural boost of the first and last tokens.
+The SpecPrefill guide's definition: max over heads, then max over layers, then
+mean over the lookahead steps; optional mean-pool smoothing along tokens;
+min-max normalization to [0, 1]; a structural boost of the first and last
+tokens.
 """
 
 from __future__ import annotations

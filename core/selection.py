@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from core.config import Selection
+
 
 def chunk_means(scores: np.ndarray, chunk: int) -> np.ndarray:
     n = scores.size
@@ -83,22 +85,19 @@ def forced_mask(n_tokens: int, keep_first: int, keep_last: int,
     return forced
 
 
-def select_tokens(scores: np.ndarray, *, chunk: int, mode: str, mass: float,
-                  fraction: float, keep_first: int, keep_last: int, max_keep: int = 0,
+def select_tokens(scores: np.ndarray, params: Selection,
                   protected: Iterable[tuple[int, int]] = ()) -> np.ndarray:
     """Sorted indices of the tokens to prefill into the target."""
-    n = scores.size
+    n, chunk = scores.size, params.chunk_size
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    forced = forced_mask(n, keep_first, keep_last, protected)
+    forced = forced_mask(n, params.keep_first, params.keep_last, protected)
     means = chunk_means(scores, chunk)
-    if mode == "mass":
-        chunk_mask = select_by_mass(means, mass)
-    elif mode == "chunk":
-        chunk_mask = select_by_fraction(means, fraction)
+    if params.select_mode == "mass":
+        chunk_mask = select_by_mass(means, params.mass)
     else:
-        raise ValueError(f"unknown select mode {mode!r}")
-    chunk_mask = cap_chunks(chunk_mask, means, chunk, forced, max_keep)
+        chunk_mask = select_by_fraction(means, params.keep_fraction)
+    chunk_mask = cap_chunks(chunk_mask, means, chunk, forced, params.max_keep)
     token_mask = np.repeat(chunk_mask, chunk)[:n] | forced
     return np.flatnonzero(token_mask)
 

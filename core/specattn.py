@@ -12,7 +12,11 @@ over the gamma draft steps.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from core.selection import runs
 
 
 def top_p_threshold(attn: np.ndarray, p: float, rounds: int = 10, scale: str = "log",
@@ -61,11 +65,6 @@ def top_p_mask(attn: np.ndarray, p: float, rounds: int = 10, scale: str = "log")
     """Boolean mask of the selected cells: a >= threshold (mass >= p guaranteed)."""
     a = np.asarray(attn)
     return np.asarray(a >= top_p_threshold(a, p, rounds, scale)[..., None])
-
-
-def union_over_steps(masks: np.ndarray) -> np.ndarray:
-    """[gamma, ..., n] step masks -> [..., n]: a cell is kept if any draft step wants it."""
-    return np.asarray(np.asarray(masks, dtype=bool).any(axis=0))
 
 
 def top_p_mask_sorted(attn: np.ndarray, p: float) -> np.ndarray:
@@ -149,3 +148,24 @@ def select_cells(steps: list[np.ndarray], weights: np.ndarray, p: float, n_cells
     if n_cells:
         mask[-1] = True
     return mask
+
+
+@dataclass(slots=True, frozen=True)
+class SparseVerify:
+    """SpecAttn's view policy: top-p mass ``p`` over draft layers mixed by ``weights``."""
+
+    weights: np.ndarray
+    p: float
+    keep_first: int = 4
+
+
+def view_spans(sparse: SparseVerify, steps: list[np.ndarray], positions: list[int],
+               tpos: int) -> tuple[list[tuple[int, int]], int]:
+    """Target position spans of the selected cells, and their count.  The verify batch
+    continues the view, so the newest cell is always in it (and the first, a sink)."""
+    pos = np.asarray(positions, dtype=np.int64)
+    mask = select_cells(steps, sparse.weights, sparse.p, pos.size, sparse.keep_first)
+    chosen = pos[mask]
+    valid = pos[pos >= 0]
+    chosen = np.unique(np.concatenate([chosen[chosen >= 0], [valid.min(), tpos - 1]]))
+    return runs(chosen), int(chosen.size)

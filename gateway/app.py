@@ -13,16 +13,16 @@ from collections.abc import AsyncIterator
 import structlog
 from aiohttp import web
 
-from core.config import EngineConfig, GatewayConfig, PolicyConfig
+from core.config import ServeConfig, TurnParams
 from core.worker import ModelState, ModelWorker
 from gateway import http_api, keys, ws_api
 from gateway.errors import Handler, error_middleware
 from gateway.metrics import Metrics
 from gateway.turns import TurnRunner
-from sessions.kv_store import KVStore
 from sessions.manager import SessionManager
+from sessions.metadata import open_store
+from sessions.parked_kv import ParkedKV
 from sessions.scheduler import FairScheduler
-from sessions.store import open_store
 
 log = structlog.get_logger("specgate.http")
 
@@ -45,11 +45,12 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
 
 
 async def worker_ctx(app: web.Application) -> AsyncIterator[None]:
-    worker = ModelWorker(app[keys.ENGINE])
+    engine = app[keys.CONFIG].engine
+    worker = ModelWorker(engine)
     app[keys.WORKER] = worker
     t0 = time.perf_counter()
     await worker.start()
-    log.info("models_loaded", target=app[keys.ENGINE].target, speculator=app[keys.ENGINE].speculator,
+    log.info("models_loaded", target=engine.target, speculator=engine.speculator,
              ms=round((time.perf_counter() - t0) * 1e3))
     if worker.state is ModelState.READY:
         lmap = await worker.call(lambda engine: engine.layer_map)
@@ -59,7 +60,7 @@ async def worker_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def store_ctx(app: web.Application) -> AsyncIterator[None]:
-    cfg = app[keys.GATEWAY]
+    cfg = app[keys.CONFIG].gateway
     store = open_store(cfg.redis_url, cfg.session_ttl_s)
     app[keys.STORE] = store
     log.info("store_opened", kind=store.kind, reachable=await store.ping())
@@ -68,17 +69,17 @@ async def store_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
-    cfg = app[keys.GATEWAY]
+    cfg = app[keys.CONFIG].gateway
     scheduler = FairScheduler(cfg.max_queue)
-    kv = KVStore(cfg.kv_budget_mb << 20, cfg.kv_spill_dir or None)
-    manager = SessionManager(app[keys.WORKER], app[keys.STORE], kv, scheduler)
+    parked = ParkedKV(cfg.kv_budget_mb << 20, cfg.kv_spill_dir or None)
+    manager = SessionManager(app[keys.WORKER], app[keys.STORE], parked, scheduler)
     metrics = app[keys.METRICS]
-    app[keys.SCHEDULER], app[keys.KV], app[keys.MANAGER] = scheduler, kv, manager
+    app[keys.SCHEDULER], app[keys.PARKED], app[keys.MANAGER] = scheduler, parked, manager
     app[keys.RUNNER] = TurnRunner(manager, metrics)
     metrics.gauges.update({
         "specgate_live_sessions": lambda: manager.live,
-        "specgate_kv_bytes_ram": lambda: kv.bytes_in_ram,
-        "specgate_kv_evictions": lambda: kv.evictions,
+        "specgate_kv_bytes_ram": lambda: parked.bytes_in_ram,
+        "specgate_kv_evictions": lambda: parked.evictions,
         "specgate_queue_depth": lambda: scheduler.depth,
     })
     scheduler.start()
@@ -86,10 +87,11 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
     await scheduler.stop()
 
 
-def create_app(gateway: GatewayConfig, engine: EngineConfig, policy: PolicyConfig) -> web.Application:
+def create_app(config: ServeConfig) -> web.Application:
     app = web.Application(middlewares=[request_context, error_middleware],
-                          client_max_size=gateway.max_body_mb << 20)
-    app[keys.GATEWAY], app[keys.ENGINE], app[keys.POLICY] = gateway, engine, policy
+                          client_max_size=config.gateway.max_body_mb << 20)
+    app[keys.CONFIG] = config
+    app[keys.DEFAULTS] = TurnParams(prefill=config.prefill, decoding=config.decoding)
     app[keys.STARTED] = time.time()
     app[keys.METRICS] = Metrics()
     app.cleanup_ctx.extend([worker_ctx, store_ctx, sessions_ctx])

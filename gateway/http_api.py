@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
@@ -36,24 +35,23 @@ def dumps(obj: Any) -> str:
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
-    req = protocol.parse_chat(await read_json(request), app[keys.POLICY], request.headers.get("X-Session-Id"))
+    req = protocol.parse_chat(await read_json(request), app[keys.DEFAULTS], request.headers.get("X-Session-Id"))
     structlog.contextvars.bind_contextvars(session_id=req.session_id)
     runner = app[keys.RUNNER]
     session = await runner.session_for(req.session_id)
     log.info("request_start", stream=req.stream, n_messages=len(req.messages), tools=bool(req.tools))
     turn = runner.start(req, session)
-    model = app[keys.GATEWAY].model_name
+    model = app[keys.CONFIG].gateway.model_name
     if req.stream:
         return await stream_turn(request, turn, model)
     try:
         async for _ in turn.pieces():
             if request.transport is None or request.transport.is_closing():
                 turn.cancel.set()  # the client left: stop generating for nobody
-        outcome = await turn.outcome()
+        result = await turn.result()
     finally:
         turn.cancel.set()
-    return web.json_response(protocol.completion(protocol.new_id(), model, outcome.result, req.tools,
-                                                 outcome.rebuilt, req.session_id), dumps=dumps)
+    return web.json_response(protocol.completion(protocol.new_id(), model, result, req.session_id), dumps=dumps)
 
 
 async def stream_turn(request: web.Request, turn: Turn, model: str) -> web.StreamResponse:
@@ -73,24 +71,15 @@ async def stream_turn(request: web.Request, turn: Turn, model: str) -> web.Strea
         async for piece in turn.pieces():
             await send(protocol.chunk(req_id, model, {"content": piece}))
         try:
-            outcome = await turn.outcome()
+            result = await turn.result()
         except Exception as exc:  # headers are out: report in-band
             _, body = error_body(exc)
             await send(body)
             await send("[DONE]")
             return resp
-        result, t = outcome.result, outcome.result.timings
-        calls = protocol.reply_message(result.text, turn.request.tools).get("tool_calls", [])
-        if calls:
-            await send(protocol.chunk(req_id, model, {"tool_calls": [
-                {"index": i, **c} for i, c in enumerate(calls)]}))
-        extra: dict[str, Any] = {"timings": protocol.timings(t, outcome.rebuilt)}
-        if turn.request.session_id:
-            extra["session_id"] = turn.request.session_id
-        await send(protocol.chunk(req_id, model, {}, protocol.finish_reason(result, calls), **extra))
-        if turn.request.include_usage:
-            await send({"id": req_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                        "model": model, "choices": [], "usage": protocol.usage(t)})
+        for final in protocol.final_chunks(req_id, model, result, turn.request.session_id,
+                                           turn.request.include_usage):
+            await send(final)
         await send("[DONE]")
         await resp.write_eof()
     except (ConnectionResetError, ConnectionError) as exc:
@@ -105,7 +94,7 @@ async def stream_turn(request: web.Request, turn: Turn, model: str) -> web.Strea
 
 async def _quietly(turn: Turn) -> None:
     try:
-        await turn.outcome()
+        await turn.result()
     except Exception as exc:
         log.info("turn_after_disconnect_failed", error=str(exc))
 
@@ -113,9 +102,9 @@ async def _quietly(turn: Turn) -> None:
 @routes.get("/v1/models")
 async def models(request: web.Request) -> web.Response:
     app = request.app
-    cfg = app[keys.ENGINE]
+    cfg = app[keys.CONFIG].engine
     return web.json_response({"object": "list", "data": [{
-        "id": app[keys.GATEWAY].model_name, "object": "model", "created": int(app[keys.STARTED]),
+        "id": app[keys.CONFIG].gateway.model_name, "object": "model", "created": int(app[keys.STARTED]),
         "owned_by": "specgate", "target": cfg.target, "speculator": cfg.speculator}]})
 
 

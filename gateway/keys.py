@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from core.config import EngineConfig, GatewayConfig, PolicyConfig
+from core.config import ServeConfig, TurnParams
 from core.worker import ModelWorker
 from gateway.metrics import Metrics
 from gateway.turns import TurnRunner
-from sessions.kv_store import KVStore
 from sessions.manager import SessionManager
+from sessions.metadata import MetadataStore
+from sessions.parked_kv import ParkedKV
 from sessions.scheduler import FairScheduler
-from sessions.store import MetadataStore
 
-GATEWAY = web.AppKey("gateway", GatewayConfig)
-ENGINE = web.AppKey("engine", EngineConfig)
-POLICY = web.AppKey("policy", PolicyConfig)
+CONFIG = web.AppKey("config", ServeConfig)
+DEFAULTS = web.AppKey("defaults", TurnParams)  # the server's turn policies, before request overrides
 STARTED = web.AppKey("started", float)
 WORKER = web.AppKey("worker", ModelWorker)
 STORE = web.AppKey("store", MetadataStore)
-KV = web.AppKey("kv", KVStore)
+PARKED = web.AppKey("parked", ParkedKV)
 SCHEDULER = web.AppKey("scheduler", FairScheduler)
 MANAGER = web.AppKey("manager", SessionManager)
 METRICS = web.AppKey("metrics", Metrics)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from core.spec_decode import SpecStats
+from core.results import Timings
 
 TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
@@ -36,7 +36,7 @@ class Metrics:
         self.requests: dict[tuple[str, int], int] = defaultdict(int)
         self.specprefill_status: dict[str, int] = defaultdict(int)
         self.prefill_tokens: dict[str, int] = defaultdict(int)  # dense | sparse
-        self.spec_tokens_scored = 0
+        self.speculator_tokens_scored = 0
         self.rebuilds = 0
         self.store_errors = 0
         self.ttft = Histogram(TTFT_BUCKETS_S)
@@ -49,22 +49,20 @@ class Metrics:
     def request(self, route: str, status: int) -> None:
         self.requests[(route, status)] += 1
 
-    def turn(self, status: str, ttft_ms: float, kept: int, n_new: int, scored: int, sparse: bool,
-             rebuilt: bool) -> None:
-        self.specprefill_status[status] += 1
-        self.ttft.observe(ttft_ms / 1000.0)
-        self.prefill_tokens["sparse" if sparse else "dense"] += kept
-        self.spec_tokens_scored += scored
-        if n_new:
-            self.kept_ratio.observe(kept / n_new)
-        self.rebuilds += int(rebuilt)
-
-    def decoding(self, mode: str, spec: SpecStats) -> None:
-        self.decode_turns[mode] += 1
-        self.draft_tokens["drafted"] += spec.n_drafted
-        self.draft_tokens["accepted"] += spec.n_accepted
-        self.verify_cells["attended"] += spec.cells_attended
-        self.verify_cells["total"] += spec.cells_total
+    def turn(self, t: Timings) -> None:
+        self.specprefill_status[t.specprefill] += 1
+        self.ttft.observe(t.ttft_ms / 1000.0)
+        self.prefill_tokens["sparse" if t.prompt_n < t.new_n else "dense"] += t.prompt_n
+        self.speculator_tokens_scored += t.speculator_prefill_n
+        if t.new_n:
+            self.kept_ratio.observe(t.prompt_n / t.new_n)
+        self.rebuilds += int(t.kv_rebuilt)
+        s = t.speculative
+        self.decode_turns[t.decode_mode] += 1
+        self.draft_tokens["drafted"] += s.n_drafted
+        self.draft_tokens["accepted"] += s.n_accepted
+        self.verify_cells["attended"] += s.cells_attended
+        self.verify_cells["total"] += s.cells_total
 
     def render(self) -> str:
         out: list[str] = []
@@ -81,7 +79,7 @@ class Metrics:
               [f'specgate_target_prefill_tokens_total{{mode="{m}"}} {self.prefill_tokens[m]}'
                for m in ("dense", "sparse")])
         block("specgate_speculator_scored_tokens_total", "counter", "Prompt tokens scored by the speculator.",
-              [f"specgate_speculator_scored_tokens_total {self.spec_tokens_scored}"])
+              [f"specgate_speculator_scored_tokens_total {self.speculator_tokens_scored}"])
         block("specgate_kv_rebuilds_total", "counter", "Session KV rebuilt after eviction.",
               [f"specgate_kv_rebuilds_total {self.rebuilds}"])
         block("specgate_store_errors_total", "counter", "Failed metadata store writes.",

@@ -1,25 +1,26 @@
 """The OpenAI-compatible wire format: request parsing and response objects.
 
 Parsing turns a JSON body into frozen, validated dataclasses (errors name the
-offending field); builders turn engine results into completion objects,
-stream chunks, ``usage`` and the extended llama.cpp-style ``timings``.
+offending field).  A finished turn becomes one :class:`TurnResult` -- its tool
+calls parsed once -- and the builders turn that into a completion object, the
+last stream chunk and ``usage``; ``timings`` is ``Timings.to_json()``.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from core.config import PolicyConfig, SamplingParams, override
-from core.engine import Result, Timings
+from core.config import DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams, flat_fields, override
 from core.errors import ConfigError, InvalidRequest
+from core.results import Result, Timings
 from gateway import tool_calls
 
 SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 UNSUPPORTED = ("grammar", "response_format", "logprobs", "top_logprobs", "logit_bias")
-POLICY_KEYS = {f.name for f in fields(PolicyConfig)} - {"guard_keywords"}
+PREFILL_KEYS = {f.name for f in flat_fields(PrefillPolicy)} - {"guard_keywords"}
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,8 +29,7 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...] | None
     stream: bool
     include_usage: bool
-    sampling: SamplingParams
-    policy: PolicyConfig
+    params: TurnParams
     session_id: str | None
     model: str
 
@@ -60,24 +60,24 @@ def parse_sampling(body: dict[str, Any]) -> SamplingParams:
     return override(SamplingParams(), **values)
 
 
-def parse_policy(base: PolicyConfig, raw: Any) -> PolicyConfig:
-    """``specprefill``: a boolean (on/off) or an object of policy fields."""
+def parse_prefill(base: PrefillPolicy, raw: Any) -> PrefillPolicy:
+    """``specprefill``: a boolean (on/off) or an object of prefill policy fields."""
     if raw is None:
         return base
     if isinstance(raw, bool):
         return override(base, enabled=raw)
     if not isinstance(raw, dict):
         raise InvalidRequest("'specprefill' must be a boolean or an object")
-    unknown = set(raw) - POLICY_KEYS
+    unknown = set(raw) - PREFILL_KEYS
     if unknown:
-        raise InvalidRequest(f"unknown specprefill field(s) {sorted(unknown)}; known: {sorted(POLICY_KEYS)}")
+        raise InvalidRequest(f"unknown specprefill field(s) {sorted(unknown)}; known: {sorted(PREFILL_KEYS)}")
     try:
         return override(base, **raw)
     except TypeError as exc:
         raise ConfigError(f"specprefill: {exc}") from exc
 
 
-def parse_decoding(base: PolicyConfig, body: dict[str, Any]) -> PolicyConfig:
+def parse_decoding(base: DecodingPolicy, body: dict[str, Any]) -> DecodingPolicy:
     """``speculative``: a boolean or {"gamma": int}; ``specattn``: a boolean or
     {"p": number, "gamma": int} (SpecAttn implies speculative decoding)."""
     policy = base
@@ -106,8 +106,9 @@ def parse_tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:
     return tuple(tools) or None
 
 
-def parse_chat(body: Any, base_policy: PolicyConfig, header_session: str | None,
+def parse_chat(body: Any, defaults: TurnParams, header_session: str | None,
                need_messages: bool = True) -> ChatRequest:
+    """``defaults``: the server's policies; the request's fields override them."""
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     for key in UNSUPPORTED:
@@ -125,47 +126,46 @@ def parse_chat(body: Any, base_policy: PolicyConfig, header_session: str | None,
         tools=parse_tools(body),
         stream=bool(_typed(body, "stream", bool, "a boolean")),
         include_usage=bool(stream_options.get("include_usage")),
-        sampling=parse_sampling(body),
-        policy=parse_decoding(parse_policy(base_policy, body.get("specprefill")), body),
+        params=TurnParams(prefill=parse_prefill(defaults.prefill, body.get("specprefill")),
+                          decoding=parse_decoding(defaults.decoding, body),
+                          sampling=parse_sampling(body)),
         session_id=session_id,
         model=str(body.get("model") or ""),
     )
 
 
 # -- responses -----------------------------------------------------------------
-def timings(t: Timings, rebuilt: bool = False) -> dict[str, Any]:
-    prompt_s = t.prefill_ms / 1e3
-    predicted_s = t.decode_ms / 1e3
-    return {
-        "specprefill": t.status, "specprefill_reason": t.reason, "position_mode": t.position_mode,
-        "prompt_n": t.prompt_n, "prompt_ms": round(t.prefill_ms, 2),
-        "prompt_per_second": round(t.prompt_n / prompt_s, 2) if prompt_s > 0 else None,
-        "cache_n": t.cache_n, "spec_prefill_n": t.spec_prefill_n, "spec_cache_n": t.spec_cache_n,
-        "kept_n": t.n_kept, "kept_runs": t.n_runs, "context_n": t.n_prompt,
-        "spec_prefill_ms": round(t.spec_prefill_ms, 2), "lookahead_ms": round(t.lookahead_ms, 2),
-        "scoring_ms": round(t.scoring_ms, 2), "prefill_ms": round(t.prefill_ms, 2),
-        "ttft_ms": round(t.ttft_ms, 2), "predicted_n": t.n_predicted, "predicted_ms": round(t.decode_ms, 2),
-        "predicted_per_second": round(t.n_predicted / predicted_s, 2) if predicted_s > 0 else None,
-        "kv_rebuilt": rebuilt, **decoding_timings(t),
-    }
+@dataclass(slots=True, frozen=True)
+class TurnResult:
+    """A finished turn as every client sees it: the final assistant message (tool calls
+    parsed once, so the ids a client receives are the ones the history keeps), its
+    finish reason and the timings.  The completion body, the last SSE chunk, the
+    WebSocket ``done`` event and the stored history are all built from it."""
+
+    message: dict[str, Any]
+    finish_reason: str  # stop | length | tool_calls | cancelled
+    timings: Timings
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return list(self.message.get("tool_calls", ()))
+
+    @property
+    def openai_finish_reason(self) -> str:
+        return "stop" if self.finish_reason == "cancelled" else self.finish_reason
 
 
-def decoding_timings(t: Timings) -> dict[str, Any]:
-    if t.decode_mode == "plain":
-        return {"decode_mode": "plain"}
-    s = t.spec
-    return {
-        "decode_mode": t.decode_mode, "draft_sync_ms": round(t.draft_sync_ms, 2),
-        "draft_n": s.n_drafted, "draft_accepted_n": s.n_accepted, "draft_acceptance": round(s.accept_rate, 4),
-        "kv_cells_attended": s.cells_attended, "kv_cells_total": s.cells_total,
-        "kv_selected_fraction": round(s.selected_frac, 4),
-        "draft_ms": round(s.draft_s * 1e3, 2), "verify_ms": round(s.verify_s * 1e3, 2),
-    }
+def turn_result(result: Result, tools: tuple[dict[str, Any], ...] | None) -> TurnResult:
+    content, calls = tool_calls.parse(result.text, tool_calls.names_of(tools)) if tools else (result.text, [])
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return TurnResult(message, "tool_calls" if calls else result.finish_reason, result.timings)
 
 
 def usage(t: Timings) -> dict[str, Any]:
-    return {"prompt_tokens": t.n_prompt, "completion_tokens": t.n_predicted,
-            "total_tokens": t.n_prompt + t.n_predicted,
+    return {"prompt_tokens": t.context_n, "completion_tokens": t.predicted_n,
+            "total_tokens": t.context_n + t.predicted_n,
             "prompt_tokens_details": {"cached_tokens": t.cache_n}}
 
 
@@ -173,30 +173,12 @@ def new_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex[:24]}"
 
 
-def finish_reason(result: Result, calls: list[dict[str, Any]]) -> str:
-    if calls:
-        return "tool_calls"
-    return "length" if result.finish_reason == "length" else "stop"
-
-
-def reply_message(text: str, tools: tuple[dict[str, Any], ...] | None) -> dict[str, Any]:
-    """The assistant message for a reply: tool calls parsed out when tools were offered."""
-    content, calls = tool_calls.parse(text, tool_calls.names_of(tools)) if tools else (text, [])
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = calls
-    return message
-
-
-def completion(req_id: str, model: str, result: Result, tools: tuple[dict[str, Any], ...] | None,
-               rebuilt: bool, session_id: str | None) -> dict[str, Any]:
-    message = reply_message(result.text, tools)
-    calls = message.get("tool_calls", [])
+def completion(req_id: str, model: str, turn: TurnResult, session_id: str | None) -> dict[str, Any]:
     body = {
         "id": req_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(result, calls),
+        "choices": [{"index": 0, "message": turn.message, "finish_reason": turn.openai_finish_reason,
                      "logprobs": None}],
-        "usage": usage(result.timings), "timings": timings(result.timings, rebuilt),
+        "usage": usage(turn.timings), "timings": turn.timings.to_json(),
     }
     if session_id:
         body["session_id"] = session_id
@@ -207,3 +189,20 @@ def chunk(req_id: str, model: str, delta: dict[str, Any], finish: str | None = N
           **extra: Any) -> dict[str, Any]:
     return {"id": req_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
+
+
+def final_chunks(req_id: str, model: str, turn: TurnResult, session_id: str | None,
+                 include_usage: bool) -> list[dict[str, Any]]:
+    """The stream's closing chunks: the tool calls (if any), the finish reason with the
+    timings, then ``usage`` when the client asked for it."""
+    out = []
+    if calls := turn.tool_calls:
+        out.append(chunk(req_id, model, {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
+    extra: dict[str, Any] = {"timings": turn.timings.to_json()}
+    if session_id:
+        extra["session_id"] = session_id
+    out.append(chunk(req_id, model, {}, turn.openai_finish_reason, **extra))
+    if include_usage:
+        out.append({"id": req_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                    "model": model, "choices": [], "usage": usage(turn.timings)})
+    return out

@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from core.stop import StopMatcher
+
 OPEN = "<tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
@@ -49,6 +51,40 @@ def parse(text: str, names: set[str] | None = None) -> tuple[str | None, list[di
         if calls and len(calls) == len(items):
             return None, calls
     return text, []
+
+
+class StreamFilter:
+    """Streamed text of a reply to a request that offered tools.
+
+    Text that may be a call is held back: everything from ``<tool_call>`` on, and a
+    reply that opens like bare or fenced JSON.  Once the whole reply is parsed,
+    :meth:`release` gives the rest of its content, so the streamed text always adds
+    up to the final message's content and a client never sees call syntax."""
+
+    def __init__(self) -> None:
+        self._cut = StopMatcher((OPEN,))
+        self._seen = ""  # everything fed past the cut
+        self._shown = 0  # characters of it already passed on
+        self._json_like: bool | None = None
+
+    def feed(self, piece: str) -> str:
+        """The part of ``piece`` that is safe to show now."""
+        if self._cut.stopped:
+            return ""
+        self._seen += self._cut.feed(piece)
+        if self._json_like is None and self._seen.strip():
+            self._json_like = self._seen.lstrip().startswith(("{", "[", "```"))
+        if self._json_like is not False:
+            return ""
+        out, self._shown = self._seen[self._shown:], len(self._seen)
+        return out
+
+    def release(self, message: dict[str, Any]) -> str:
+        """What is left to show of the final ``message``: nothing when it made calls."""
+        content = message.get("content") or ""
+        if message.get("tool_calls") or not content.startswith(self._seen[: self._shown]):
+            return ""
+        return content[self._shown:]
 
 
 def names_of(tools: Any) -> set[str] | None:

@@ -19,7 +19,7 @@ from aiohttp import WSMsgType, web
 from core.errors import InvalidRequest, SessionBusy
 from gateway import keys, protocol
 from gateway.errors import ws_error
-from gateway.turns import Turn, outcome_message
+from gateway.turns import Turn
 from sessions.manager import Session
 
 log = structlog.get_logger("specgate.ws")
@@ -30,7 +30,7 @@ routes = web.RouteTableDef()
 async def session_ws(request: web.Request) -> web.WebSocketResponse:
     session = await request.app[keys.MANAGER].get(request.match_info["id"])  # 404 before the upgrade
     structlog.contextvars.bind_contextvars(session_id=session.id)
-    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=request.app[keys.GATEWAY].max_body_mb << 20)
+    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=request.app[keys.CONFIG].gateway.max_body_mb << 20)
     await ws.prepare(request)
     current: Turn | None = None
     task: asyncio.Task[None] | None = None
@@ -72,7 +72,7 @@ def start_turn(request: web.Request, session: Session, event: dict[str, Any]) ->
         raise InvalidRequest("'messages' must be a non-empty list of the new messages")
     body = {**{k: v for k, v in event.items() if k != "type"}, "messages": [*session.messages, *new],
             "stream": True}
-    req = protocol.parse_chat(body, request.app[keys.POLICY], session.id)
+    req = protocol.parse_chat(body, request.app[keys.DEFAULTS], session.id)
     return request.app[keys.RUNNER].start(req, session)
 
 
@@ -80,7 +80,7 @@ async def stream_turn(ws: web.WebSocketResponse, turn: Turn) -> None:
     try:
         async for piece in turn.pieces():
             await ws.send_json({"type": "delta", "content": piece})
-        outcome = await turn.outcome()
+        result = await turn.result()
     except ConnectionResetError:
         turn.cancel.set()
         return
@@ -88,11 +88,6 @@ async def stream_turn(ws: web.WebSocketResponse, turn: Turn) -> None:
         if not ws.closed:
             await ws.send_json(ws_error(exc))
         return
-    result = outcome.result
-    message = outcome_message(outcome, turn.request.tools)
-    finish = "cancelled" if result.finish_reason == "cancelled" else \
-        protocol.finish_reason(result, message.get("tool_calls", []))
     if not ws.closed:
-        await ws.send_json({"type": "done", "message": message, "finish_reason": finish,
-                            "usage": protocol.usage(result.timings),
-                            "timings": protocol.timings(result.timings, outcome.rebuilt)})
+        await ws.send_json({"type": "done", "message": result.message, "finish_reason": result.finish_reason,
+                            "usage": protocol.usage(result.timings), "timings": result.timings.to_json()})

@@ -1,7 +1,7 @@
 """The session manager: session lifecycle, KV residency, and turns.
 
 Both models' contexts hold one session's KV at a time (the resident one).
-Switching sessions saves the resident's KV into the :class:`KVStore` (RAM
+Switching sessions saves the resident's KV into :class:`ParkedKV` (RAM
 under a budget, LRU, optional disk spill) and restores the incoming one; a
 session whose KV was dropped rebuilds it from its tokens on its next turn.
 Metadata and status are mirrored into the metadata store (Redis) after each
@@ -20,16 +20,16 @@ from typing import Any
 
 import structlog
 
-from core.config import PolicyConfig, SamplingParams
+from core.config import TurnParams
 from core.decode import OnText
 from core.engine import Engine, Result
 from core.errors import SessionNotFound, StoreUnavailable
-from core.kv_state import SessionKV
+from core.session_kv import SessionKV
 from core.prompt import Prompt
 from core.worker import ModelWorker
-from sessions.kv_store import KVStore
+from sessions.parked_kv import ParkedKV
 from sessions.scheduler import FairScheduler
-from sessions.store import MetadataStore
+from sessions.metadata import MetadataStore
 
 log = structlog.get_logger("specgate.sessions")
 Render = Callable[[Engine], Prompt]  # runs on the model thread
@@ -75,7 +75,7 @@ class Session:
             "context_tokens": self.context_tokens, "kept_ratio": self.last_kept_ratio,
             "last_status": self.last_status, "last_ttft_ms": self.last_ttft_ms,
             "kv": self.kv_location.value, "rebuilds": self.rebuilds,
-            "target_cached_tokens": self.kv.target.n_cached, "spec_cached_tokens": self.kv.spec.n_cached,
+            "target_cached_tokens": self.kv.target.n_cached, "speculator_cached_tokens": self.kv.speculator.n_cached,
         }
 
     @classmethod
@@ -95,16 +95,15 @@ class Session:
 @dataclass(slots=True)
 class TurnOutcome:
     result: Result
-    rebuilt: bool
-    evicted: list[str]
+    evicted: list[str]  # sessions whose parked KV was evicted to make room for this turn
 
 
 class SessionManager:
-    def __init__(self, worker: ModelWorker, store: MetadataStore, kv_store: KVStore,
+    def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV,
                  scheduler: FairScheduler) -> None:
         self.worker = worker
         self.store = store
-        self.kv_store = kv_store
+        self.parked = parked
         self.scheduler = scheduler
         self._sessions: dict[str, Session] = {}
         self._resident: str | None = None
@@ -138,7 +137,7 @@ class SessionManager:
 
     async def delete(self, session_id: str) -> None:
         local = self._sessions.pop(session_id, None)
-        self.kv_store.discard(session_id)
+        self.parked.discard(session_id)
         if self._resident == session_id:
             self._resident = None
         try:
@@ -165,21 +164,21 @@ class SessionManager:
     def location(self, session: Session) -> str:
         if session.id == self._resident:
             return KVLocation.RESIDENT.value
-        where = self.kv_store.where(session.id)
+        where = self.parked.where(session.id)
         if where != "none":
             return where
         return session.kv_location.value
 
     # -- turns -----------------------------------------------------------------
-    async def run_turn(self, session: Session | None, render: Render, policy: PolicyConfig,
-                       sampling: SamplingParams, on_text: OnText | None, key: str) -> TurnOutcome:
+    async def run_turn(self, session: Session | None, render: Render, params: TurnParams,
+                       on_text: OnText | None, key: str) -> TurnOutcome:
         if session is None:
             return await self.scheduler.submit(key, lambda: self.worker.call(
-                lambda engine: self._stateless(engine, render, policy, sampling, on_text)))
+                lambda engine: self._stateless(engine, render, params, on_text)))
         session.state = SessionState.RUNNING
         try:
             outcome: TurnOutcome = await self.scheduler.submit(session.id, lambda: self.worker.call(
-                lambda engine: self._session_turn(engine, session, render, policy, sampling, on_text)))
+                lambda engine: self._session_turn(engine, session, render, params, on_text)))
         finally:
             session.state = SessionState.IDLE
         self._record(session, outcome)
@@ -190,15 +189,15 @@ class SessionManager:
         t = outcome.result.timings
         session.turns += 1
         session.last_active = time.time()
-        session.prompt_tokens += t.n_prompt
-        session.completion_tokens += t.n_predicted
+        session.prompt_tokens += t.context_n
+        session.completion_tokens += t.predicted_n
         session.context_tokens = len(session.kv.target.tokens)
-        session.last_status, session.last_ttft_ms = t.status, round(t.ttft_ms, 1)
+        session.last_status, session.last_ttft_ms = t.specprefill, round(t.ttft_ms, 1)
         session.last_kept_ratio = round(t.kept_pct / 100.0, 4)
         session.kv_location = KVLocation.RESIDENT
         for sid in outcome.evicted:
             if (victim := self._sessions.get(sid)) is not None:
-                victim.kv_location = KVLocation.DISK if self.kv_store.spill_dir else KVLocation.EVICTED
+                victim.kv_location = KVLocation.DISK if self.parked.spill_dir else KVLocation.EVICTED
 
     # -- model thread ------------------------------------------------------------
     def _park_resident(self, engine: Engine) -> list[str]:
@@ -206,27 +205,27 @@ class SessionManager:
         resident, self._resident = self._resident, None
         if resident is None or resident not in self._sessions:
             return []
-        evicted = self.kv_store.put(resident, engine.save_kv())
+        evicted = self.parked.put(resident, engine.save_kv())
         for sid in evicted:
-            log.info("session_kv_evicted", session_id=sid, spilled=self.kv_store.spill_dir is not None)
+            log.info("session_kv_evicted", session_id=sid, spilled=self.parked.spill_dir is not None)
         return evicted
 
-    def _stateless(self, engine: Engine, render: Render, policy: PolicyConfig, sampling: SamplingParams,
+    def _stateless(self, engine: Engine, render: Render, params: TurnParams,
                    on_text: OnText | None) -> TurnOutcome:
         prompt = render(engine)
         engine.check_prompt(prompt)  # before the resident session's KV is disturbed
         evicted = self._park_resident(engine)
-        return TurnOutcome(engine.run(prompt, policy, sampling, on_text), False, evicted)
+        return TurnOutcome(engine.run(prompt, params, on_text), evicted)
 
-    def _session_turn(self, engine: Engine, session: Session, render: Render, policy: PolicyConfig,
-                      sampling: SamplingParams, on_text: OnText | None) -> TurnOutcome:
+    def _session_turn(self, engine: Engine, session: Session, render: Render, params: TurnParams,
+                      on_text: OnText | None) -> TurnOutcome:
         prompt = render(engine)
         engine.check_prompt(prompt)  # a bad prompt must not cost the session its cache
         evicted: list[str] = []
         rebuilt = False
         if self._resident != session.id:
             evicted = self._park_resident(engine)
-            blobs = self.kv_store.take(session.id)
+            blobs = self.parked.take(session.id)
             if blobs is None and session.turns:
                 # dropped under the budget (or held by another replica): rebuild from scratch
                 session.kv.reset()
@@ -236,10 +235,11 @@ class SessionManager:
             engine.load_kv(blobs)
             self._resident = session.id
         try:
-            result = engine.run(prompt, policy, sampling, on_text, kv=session.kv)
+            result = engine.run(prompt, params, on_text, kv=session.kv)
         except Exception:
             # never leave bookkeeping that disagrees with the caches: the next turn rebuilds
             session.kv.reset()
             engine.load_kv(None)
             raise
-        return TurnOutcome(result, rebuilt, evicted)
+        result.timings.kv_rebuilt = rebuilt
+        return TurnOutcome(result, evicted)

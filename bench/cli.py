@@ -1,0 +1,73 @@
+"""``specgate bench``: run the benchmark scenarios, write JSON results and PNG plots.
+
+    specgate bench                       # all scenarios, full sizes
+    specgate bench --quick               # a few minutes
+    specgate bench first_turn --lengths 1024,2048
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from core import model_files
+from core.config import EngineConfig, PrefillPolicy, build
+from core.errors import ConfigError
+
+SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenarios", nargs="*", default=[],
+                        help=f"which to run: {', '.join(SCENARIOS)} (default: the first three)")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a few minutes in all")
+    parser.add_argument("--lengths", help="first_turn prompt lengths, comma-separated tokens")
+    parser.add_argument("--out", default="results/bench", help="results folder")
+    parser.add_argument("--arms", help="multi_turn arms to (re)run, comma-separated (default: all)")
+    parser.add_argument("--target", default=None)
+    parser.add_argument("--speculator", default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    import orjson  # the bench extras are needed only from here on
+
+    from bench import first_turn, plots, serving
+    from bench.common import progress
+    from bench.derived_models import derived
+
+    out = Path(args.out)
+    suffix = "_quick" if args.quick else ""
+    built = model_files.with_default_models(build(EngineConfig, {"target": args.target,
+                                                                 "speculator": args.speculator}))
+    engine = EngineConfig(target=built.target, speculator=built.speculator, n_threads=built.n_threads)
+    chosen = args.scenarios or list(SCENARIOS[:3])
+    unknown = set(chosen) - set(SCENARIOS)
+    if unknown:
+        raise ConfigError(f"unknown scenario(s) {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
+    summaries: dict[str, Any] = {}
+    if "first_turn" in chosen:
+        lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else \
+            ([1024, 2048] if args.quick else [1024, 2048, 4096, 8192])
+        rows = first_turn.run(engine, build(PrefillPolicy), lengths, out / f"first_turn{suffix}.json")
+        plots.first_turn(rows, out / f"first_turn{suffix}.png")
+        summaries["first_turn"] = rows
+    if "multi_turn" in chosen:
+        arms = tuple(args.arms.split(",")) if args.arms else serving.ARMS
+        if set(arms) - set(serving.ARMS):
+            raise ConfigError(f"unknown arm(s); known: {', '.join(serving.ARMS)}")
+        s = serving.multi_turn(engine, args.quick, out / f"multi_turn{suffix}.json", arms)
+        plots.multi_turn(s, out / f"multi_turn{suffix}.png")
+        summaries["multi_turn"] = s
+    if "overhead" in chosen:
+        path = out / f"overhead{suffix}.json"
+        s = serving.overhead(str(derived(3)), str(derived(2)), args.quick, path)
+        doc = orjson.loads(path.read_bytes())
+        plots.overhead(doc["overhead_ms"], s["concurrency"], out / f"overhead{suffix}.png")
+        summaries["overhead"] = s
+    if "topp" in chosen:
+        from bench import topp
+        summaries["topp"] = topp.run(out / f"topp{suffix}.json")
+    progress("done")
+    print(orjson.dumps(summaries, option=orjson.OPT_INDENT_2).decode())
+    return 0

@@ -1,0 +1,63 @@
+"""What every benchmark result carries: the machine, the model files, and progress output."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from core import model_files
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    import llama_cpp
+    return {"cpu": cpu, "cores": os.cpu_count(), "mem_gib": round(mem_gib, 1), "python": platform.python_version(),
+            "platform": platform.platform(), "llama_cpp_python": llama_cpp.__version__}
+
+
+def model_info(path: str) -> dict[str, Any]:
+    p = Path(path)
+    known = next((m for m in model_files.ALL_MODELS if m.filename == p.name), None)
+    if known is not None and model_files.is_verified(known, p):
+        sha = known.sha256
+    else:
+        sha = model_files.sha256_of(p)
+    return {"path": str(p), "size": p.stat().st_size, "sha256": sha}
+
+
+def write_result(path: Path, scenario: str, payload: dict[str, Any], models: dict[str, str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"scenario": scenario, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "machine": machine(), "models": {k: model_info(v) for k, v in models.items()}, **payload}
+    path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    progress(f"wrote {path}")
+
+
+def free_port() -> int:
+    """A free loopback port (tests and benches start servers on it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_T0 = time.perf_counter()
+
+
+def progress(message: str) -> None:
+    sys.stderr.write(f"[{time.perf_counter() - _T0:7.1f}s] {message}\n")
+    sys.stderr.flush()

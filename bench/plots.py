@@ -1,0 +1,121 @@
+"""PNG plots of the benchmark and eval results (matplotlib, no display)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def first_turn(summary: list[dict[str, Any]], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    n = [r["context_n"] for r in summary]
+    ax.plot(n, [r["dense_ttft_ms"] / 1e3 for r in summary], "o-", label="dense prefill")
+    ax.plot(n, [r["original_ttft_ms"] / 1e3 for r in summary], "s-", label="SpecPrefill, original positions")
+    ax.plot(n, [r["compact_ttft_ms"] / 1e3 for r in summary], "^-", label="SpecPrefill, compact positions")
+    for r in summary:
+        ax.annotate(f"{r['compact_speedup']:.2f}x", (r["context_n"], r["compact_ttft_ms"] / 1e3),
+                    textcoords="offset points", xytext=(4, -12), fontsize=8)
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("TTFT (s)")
+    ax.set_title("First-turn TTFT, Qwen2.5-Coder 1.5B target / 0.5B speculator, 2 CPU cores")
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def multi_turn(summary: dict[str, Any], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    width = 0.8 / max(1, len(summary))
+    for k, (arm, s) in enumerate(summary.items()):
+        turns = range(1, len(s["ttft_s"]) + 1)
+        total = f"total {s['total_ttft_s']:.0f}s" if s["completed"] else f"died after {s['turns']} turns"
+        ax.bar([t - 0.4 + (k + 0.5) * width for t in turns], s["ttft_s"], width, label=f"{arm} ({total})")
+    ax.set_xlabel("turn")
+    ax.set_ylabel("TTFT (s)")
+    ax.set_title("6-turn agent session: TTFT per turn")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def overhead(values: list[float], scaling: list[dict[str, Any]], out: Path) -> None:
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.8))
+    a.hist(values, bins=30)
+    a.set_xlabel("gateway overhead per request (ms)")
+    a.set_ylabel("requests")
+    b.plot([s["sessions"] for s in scaling], [s["requests_per_s"] for s in scaling], "o-")
+    b.set_xlabel("concurrent sessions")
+    b.set_ylabel("requests/s (tiny model)")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def eval_accuracy(summary: list[dict[str, Any]], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for mode, marker in (("original", "s"), ("compact", "^")):
+        rows = [r for r in summary if r["position_mode"] == mode]
+        ax.errorbar([r["kept_fraction"] for r in rows], [r["accuracy"] for r in rows],
+                    yerr=[[r["accuracy"] - r["ci95"][0] for r in rows], [r["ci95"][1] - r["accuracy"] for r in rows]],
+                    fmt=marker, capsize=2, label=mode, alpha=0.8)
+        for r in rows:
+            ax.annotate(r["setting"], (r["kept_fraction"], r["accuracy"]), fontsize=6, xytext=(3, 2),
+                        textcoords="offset points")
+    dense = next((r for r in summary if r["setting"] == "dense"), None)
+    if dense:
+        ax.axhline(dense["accuracy"], color="k", ls="--", lw=1, label="dense")
+    ax.set_xlabel("mean kept fraction")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def specattn_ppl(texts: list[dict[str, Any]], out: Path) -> None:
+    fig, axes = plt.subplots(1, len(texts), figsize=(5.5 * len(texts), 4.2), squeeze=False)
+    for ax, doc in zip(axes[0], texts, strict=True):
+        for name, m in doc["methods"].items():
+            marker = "o" if name.startswith("specattn") else {"dense": "*", "streaming": "v", "quest": "s"}[name]
+            ax.plot(100 * m["kv_reduction"], m["ppl"], marker, ms=9, label=name)
+        ax.set_xlabel("KV-access reduction (%)")
+        ax.set_ylabel("perplexity")
+        ax.set_title(f"{doc['text']}: {doc['n_scored']} tokens scored", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    _save(fig, out)
+
+
+def specattn_decode(contexts: list[dict[str, Any]], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    names = [r["arm"] for r in contexts[0]["rows"]]
+    width = 0.8 / len(contexts)
+    for k, c in enumerate(contexts):
+        xs = [i + k * width for i in range(len(names))]
+        ax.bar(xs, [r["tokens_per_s"] for r in c["rows"]], width, label=f"{c['n_prompt']} tokens")
+    ax.set_xticks([i + width * (len(contexts) - 1) / 2 for i in range(len(names))], names, fontsize=8)
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title("Decode speed, Qwen2.5-Coder 1.5B target / 0.5B draft, 2 CPU cores", fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
+    _save(fig, out)
+
+
+def _save(fig: Any, out: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,64 @@
+"""Deterministic text for prompts, benchmarks and evals: varied filler sentences
+and a needle prompt (a chat JSON with one planted fact, asked for at the end).
+
+    python -m bench.textgen --words 2650 --depth 0.3 > /tmp/needle.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import orjson
+
+WORDS_PER_TOKEN = 1 / 1.14  # filler words per Qwen token, measured on this filler
+
+SUBJECTS = ["The archive", "A committee", "The harbor office", "Our field team", "The old library",
+            "A regional council", "The weather station", "The night shift", "A survey crew", "The museum"]
+VERBS = ["reviewed", "catalogued", "inspected", "summarized", "measured", "repainted", "audited",
+         "relocated", "photographed", "debated"]
+OBJECTS = ["the northern warehouse ledgers", "several boxes of maritime charts", "the bridge expansion joints",
+           "a collection of pressed flowers", "the annual rainfall tables", "two hundred survey markers",
+           "the municipal tram timetable", "a set of brass navigation tools", "the seed bank inventory",
+           "the coastal erosion photographs"]
+TAILS = ["before the spring festival.", "after a long delay.", "with little public notice.",
+         "under a tight budget.", "for the third year running.", "despite the heavy rain.",
+         "while volunteers watched.", "as part of a routine check.", "at the request of the mayor.",
+         "during the quiet season."]
+
+
+def filler(n_words: int, rng: random.Random) -> list[str]:
+    sentences, words = [], 0
+    while words < n_words:
+        s = f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}"
+        sentences.append(s)
+        words += len(s.split())
+    return sentences
+
+
+def build(n_words: int, depth: float, seed: int, key: str, value: str) -> dict:
+    rng = random.Random(seed)
+    sentences = filler(n_words, rng)
+    fact = f"Important: the secret access code for the {key} is {value}."
+    sentences.insert(int(len(sentences) * depth), fact)
+    doc = " ".join(sentences)
+    question = f"What is the secret access code for the {key}? Answer with the code only."
+    return {"messages": [
+        {"role": "system", "content": "You are a careful assistant. Answer from the document."},
+        {"role": "user", "content": f"Document:\n{doc}\n\n{question}"},
+    ], "expected": value}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--words", type=int, default=2200)
+    ap.add_argument("--depth", type=float, default=0.3)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--key", default="blue vault")
+    ap.add_argument("--value", default="KX-4471")
+    a = ap.parse_args()
+    print(orjson.dumps(build(a.words, a.depth, a.seed, a.key, a.value)).decode())
+
+
+if __name__ == "__main__":
+    main()

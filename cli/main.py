@@ -1,0 +1,118 @@
+"""The ``specgate`` console script: one parser, one subcommand per tool.
+
+Every option defaults to None so that core.config.build applies the one
+documented precedence: flag > SPECGATE_* environment variable > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from core.config import (DecodingPolicy, EngineConfig, GatewayConfig, PrefillPolicy, SamplingParams, field_default,
+                         flat_fields)
+from core.errors import SpecGateError
+
+HELP = {
+    "enabled": "run SpecPrefill at all",
+    "lookahead": "greedy speculator steps scored after the last prompt token",
+    "pool_kernel": "mean-pool width along tokens (0/1 = off)",
+    "select_mode": "mass | chunk",
+    "mass": "mass mode: keep chunks until this share of the score",
+    "keep_fraction": "chunk mode: fraction of chunks kept",
+    "max_keep": "cap on kept tokens (0 = none), lowest chunks dropped first",
+    "position_mode": "original (bridge) | compact",
+    "min_tokens": "prompts shorter than this skip scoring",
+    "break_even": "skip when scoring would cost more than it saves",
+    "safety": "break-even safety factor",
+    "guard_mode": "skip | conservative (keep system/tool spans dense)",
+    "speculative": "speculative decoding: the speculator drafts, the target verifies",
+    "specattn": "speculative decoding with SpecAttn sparse verification (implies speculative)",
+    "gamma": "tokens drafted per speculative round",
+    "specattn_p": "SpecAttn: attention mass the verify view keeps (top-p)",
+    "redis_url": "redis://host:port/db for session metadata (empty = in-process store)",
+    "kv_budget_mb": "RAM budget for saved session KV; LRU sessions are evicted past it",
+    "kv_spill_dir": "spill evicted session KV here instead of dropping it",
+    "max_queue": "queued requests before 429",
+    "target": "target GGUF (default: the fetched Qwen2.5-Coder-1.5B)",
+    "speculator": "speculator GGUF (default: the fetched Qwen2.5-Coder-0.5B)",
+    "n_threads": "llama.cpp threads (default: all cores)",
+}
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, skip: Sequence[str] = ()) -> None:
+    """One ``--flag`` per (flat) field of ``cls``.  Values stay strings here: core.config
+    converts and validates them, so flags and SPECGATE_* variables share one parser."""
+    group = parser.add_argument_group(cls.__name__)
+    for f in flat_fields(cls):
+        default = field_default(f)
+        if f.name in skip or type(default) not in (bool, int, float, str):
+            continue
+        group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=None,
+                           metavar=type(default).__name__.upper(),
+                           help=f"{HELP.get(f.name, '')} (env SPECGATE_{f.name.upper()}, default {default})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # benches and evals import only their argument definitions here; their heavy
+    # dependencies load when they run
+    from bench import cli as bench_cli
+    from cli import calibrate, prefill, serve
+    from evals import cli as eval_cli
+
+    parser = argparse.ArgumentParser(prog="specgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    fetch = sub.add_parser("fetch-models", help="download, assemble and verify the default models")
+    fetch.add_argument("names", nargs="*", help="models to fetch (default: all)")
+    fetch.add_argument("--models-dir", default=None, help="where to store them (env SPECGATE_MODELS_DIR)")
+    fetch.set_defaults(func=run_fetch)
+
+    pre = sub.add_parser("prefill", help="one-shot SpecPrefill of a prompt, with a per-phase table")
+    prefill.add_arguments(pre)
+    for cls in (EngineConfig, PrefillPolicy, DecodingPolicy, SamplingParams):
+        add_dataclass_flags(pre, cls)
+    pre.set_defaults(func=prefill.run)
+
+    cal = sub.add_parser("calibrate", help="measure SpecAttn's draft->target layer map for the model pair")
+    calibrate.add_arguments(cal)
+    add_dataclass_flags(cal, EngineConfig)
+    cal.set_defaults(func=calibrate.run)
+
+    bench_p = sub.add_parser("bench", help="benchmarks: first-turn TTFT, multi-turn sessions, gateway overhead")
+    bench_cli.add_arguments(bench_p)
+    bench_p.set_defaults(func=bench_cli.run)
+
+    eval_p = sub.add_parser("eval", help="answer-quality harness: dense vs SpecPrefill settings on generated tasks")
+    eval_cli.add_arguments(eval_p)
+    eval_p.set_defaults(func=eval_cli.run)
+
+    srv = sub.add_parser("serve", help="run the HTTP/WebSocket gateway")
+    for cls in (GatewayConfig, EngineConfig, PrefillPolicy, DecodingPolicy):
+        add_dataclass_flags(srv, cls)
+    srv.set_defaults(func=serve.run)
+    return parser
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from core.model_files import fetch_all
+    fetch_all(args.names or None, Path(args.models_dir) if args.models_dir else None)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SpecGateError as exc:
+        print(f"specgate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""What one turn produces: its text and tokens (:class:`Result`) and its figures
+(:class:`Timings`), named as clients read them in ``timings``.
+
+The field names are the wire names (llama.cpp's server where one exists:
+``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``), and
+:meth:`Timings.to_json` is the one serializer: the HTTP and WebSocket
+responses, ``specgate prefill``, the ``turn_done`` log event and the benches
+all print what it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from core.config import DecodeMode
+from core.planner import Status
+
+
+@dataclass(slots=True)
+class SpeculativeStats:
+    """Speculative decoding over one reply: rounds, drafts, acceptance, KV cells verified."""
+
+    n_rounds: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    cells_attended: int = 0  # target KV cells the verify batches attended, summed over rounds
+    cells_total: int = 0  # cells a dense verify would have attended
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def selected_frac(self) -> float:
+        return self.cells_attended / self.cells_total if self.cells_total else 1.0
+
+
+def _per_second(n: int, ms: float) -> float | None:
+    return round(n / (ms / 1e3), 2) if ms > 0 else None
+
+
+@dataclass(slots=True)
+class Timings:
+    specprefill: str = Status.DISABLED.value  # the planner's status
+    specprefill_reason: str = ""
+    position_mode: str = "original"
+    context_n: int = 0  # prompt tokens in the whole context
+    cache_n: int = 0  # target tokens reused from the session
+    prompt_n: int = 0  # tokens the target prefilled this turn (the kept ones)
+    kept_runs: int = 0  # contiguous runs those tokens form
+    prompt_ms: float = 0.0  # the target's prefill
+    speculator_cache_n: int = 0  # speculator tokens reused from the session
+    speculator_prefill_n: int = 0  # prompt tokens prefilled into the speculator this turn
+    speculator_prefill_ms: float = 0.0
+    lookahead_ms: float = 0.0
+    scoring_ms: float = 0.0  # speculator prefill + lookahead + selection
+    ttft_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+    kv_rebuilt: bool = False  # the session's KV was dropped and rebuilt from its tokens
+    decode_mode: str = DecodeMode.PLAIN.value
+    draft_sync_ms: float = 0.0  # bringing the draft up to the prompt before speculating
+    speculative: SpeculativeStats = field(default_factory=SpeculativeStats)
+
+    @property
+    def new_n(self) -> int:
+        """Prompt tokens this turn had to prefill (not reused from the session)."""
+        return self.context_n - self.cache_n
+
+    @property
+    def kept_pct(self) -> float:
+        return 100.0 * self.prompt_n / self.new_n if self.new_n else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "specprefill": self.specprefill, "specprefill_reason": self.specprefill_reason,
+            "position_mode": self.position_mode, "context_n": self.context_n, "cache_n": self.cache_n,
+            "prompt_n": self.prompt_n, "kept_runs": self.kept_runs, "prompt_ms": round(self.prompt_ms, 2),
+            "prompt_per_second": _per_second(self.prompt_n, self.prompt_ms),
+            "speculator_cache_n": self.speculator_cache_n, "speculator_prefill_n": self.speculator_prefill_n,
+            "speculator_prefill_ms": round(self.speculator_prefill_ms, 2),
+            "lookahead_ms": round(self.lookahead_ms, 2), "scoring_ms": round(self.scoring_ms, 2),
+            "ttft_ms": round(self.ttft_ms, 2), "predicted_n": self.predicted_n,
+            "predicted_ms": round(self.predicted_ms, 2),
+            "predicted_per_second": _per_second(self.predicted_n, self.predicted_ms),
+            "kv_rebuilt": self.kv_rebuilt, "decode_mode": self.decode_mode,
+        }
+        if self.decode_mode != DecodeMode.PLAIN:
+            s = self.speculative
+            out.update({
+                "draft_sync_ms": round(self.draft_sync_ms, 2), "draft_n": s.n_drafted,
+                "draft_accepted_n": s.n_accepted, "draft_acceptance": round(s.accept_rate, 4),
+                "kv_cells_attended": s.cells_attended, "kv_cells_total": s.cells_total,
+                "kv_selected_fraction": round(s.selected_frac, 4),
+                "draft_ms": round(s.draft_s * 1e3, 2), "verify_ms": round(s.verify_s * 1e3, 2),
+            })
+        return out
+
+
+@dataclass(slots=True)
+class Result:
+    text: str
+    finish_reason: str  # stop | length | cancelled
+    tokens: list[int]
+    timings: Timings
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))

@@ -1,0 +1,167 @@
+"""Speculative decoding with the speculator as the draft, and SpecAttn's sparse verify.
+
+One round: the draft decodes gamma tokens one by one (capturing its attention
+rows when SpecAttn is on), the target verifies the input token and all drafts
+in one batch, the acceptance rule (core.acceptance) keeps a prefix, and
+both caches are cut back to what was accepted.  With SpecAttn the target's
+batch attends only through a view (core.llama_bindings.Context.make_view) of
+the cells the draft's attention selected, and only the accepted new cells are
+committed to the target's sequence; the full cache is never touched.
+
+Bookkeeping: ``positions[i]`` is the target KV position of logical token i (-1
+when a sparse prefill dropped it); the draft holds every logical token at
+position i; ``pending`` are tokens the draft has not decoded yet.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.config import SamplingParams
+from core.decode import Generation, OnText, TextStream
+from core.llama_bindings import VIEW_SEQ, AttentionCapture, Context
+from core.acceptance import accept_greedy, accept_stochastic, distribution, sample
+from core.specattn import SparseVerify, view_spans
+from core.results import SpeculativeStats
+
+DraftReady = Callable[[], tuple[list[int], int]]
+
+
+@dataclass(slots=True)
+class SpeculativeGeneration:
+    gen: Generation
+    stats: SpeculativeStats
+    draft_pos: int = 0
+    draft_committed: list[int] = field(default_factory=list)  # tokens the draft now holds from draft_pos on
+
+
+@dataclass(slots=True)
+class _Round:
+    drafts: list[int]
+    q_rows: list[np.ndarray]
+    steps: list[np.ndarray]
+
+
+class SpeculativeDecoder:
+    """Draft with ``draft``, verify with ``target``; one reply at a time."""
+
+    def __init__(self, target: Context, draft: Context, capture: AttentionCapture | None,
+                 gamma: int, sparse: SparseVerify | None = None) -> None:
+        self.target, self.draft, self.capture = target, draft, capture
+        self.gamma, self.sparse = gamma, sparse
+
+    def generate(self, positions: list[int], draft_ready: DraftReady, params: SamplingParams,
+                 on_text: OnText | None = None) -> SpeculativeGeneration:
+        """Continue from the target logits in place (the prompt's last token is decoded).
+        ``draft_ready`` brings the draft up to the prompt once the first token is out and
+        returns (the prompt tail it has not decoded, the position that tail goes to)."""
+        stream = TextStream(self.target.model, params, on_text)
+        stats, rng = SpeculativeStats(), np.random.default_rng(params.seed)
+        positions = list(positions)
+        start_pos = tpos = max(positions) + 1
+        t0 = time.perf_counter()
+        tok = self._pick(self.target.logits(), params, rng)
+        first_s = time.perf_counter() - t0
+        n_in_target = 0
+        go = stream.push(tok)
+        t_sync = time.perf_counter()
+        pending, draft_pos = draft_ready()
+        t0 += time.perf_counter() - t_sync  # decode time excludes the draft's catch-up (reported apart)
+        dpos, pending0 = draft_pos, list(pending)
+        while go:
+            room = min(self.target.n_ctx - tpos, self.draft.n_ctx - dpos - len(pending)) - 1
+            if room < 0:
+                break
+            gamma = min(self.gamma, room)
+            pending.append(tok)
+            rnd = self._draft(pending, dpos, gamma, params, rng, stats)
+            k, nxt = self._verify(tok, rnd, positions, tpos, params, rng, stats)
+            self.target.remove_from(tpos + 1 + k)  # keep tok and the accepted drafts
+            positions.extend(range(tpos, tpos + 1 + k))
+            tpos += 1 + k
+            n_in_target += 1 + k
+            if gamma:  # the draft holds pending + drafts[:gamma-1]; keep what was accepted
+                kept = len(pending) + min(k, gamma - 1)
+                self.draft.remove_from(dpos + kept)
+                dpos, pending = dpos + kept, rnd.drafts[min(k, gamma - 1): k]
+            else:
+                pending += rnd.drafts[:k]
+            go = all(stream.push(d) for d in rnd.drafts[:k]) and stream.push(nxt)
+            tok = nxt
+        text = stream.close()
+        n_decoded = min(n_in_target, len(stream.tokens))
+        self.target.remove_from(start_pos + n_decoded)
+        committed = (pending0 + stream.tokens)[: min(dpos - draft_pos, len(pending0) + n_decoded)]
+        self.draft.remove_from(draft_pos + len(committed))
+        gen = Generation(text, stream.tokens, stream.finish, first_s, time.perf_counter() - t0, n_decoded)
+        return SpeculativeGeneration(gen, stats, draft_pos, committed)
+
+    @staticmethod
+    def _pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+        if params.temperature <= 0.0:
+            return int(np.argmax(logits))
+        return sample(distribution(logits, params), rng)
+
+    def _draft(self, pending: list[int], dpos: int, gamma: int, params: SamplingParams,
+               rng: np.random.Generator, stats: SpeculativeStats) -> _Round:
+        t0 = time.perf_counter()
+        rnd = _Round([], [], [])
+        capture = self.capture if self.sparse is not None else None
+        toks, pos = pending, dpos
+        for _ in range(gamma):
+            if capture is not None:
+                capture.start(pos + len(toks))
+            self.draft.decode(toks, pos)
+            if capture is not None:
+                rnd.steps.append(capture.stop())
+            pos += len(toks)
+            logits = self.draft.logits()
+            if params.temperature <= 0.0:
+                rnd.drafts.append(int(np.argmax(logits)))
+            else:
+                q = distribution(logits, params)
+                rnd.q_rows.append(q)
+                rnd.drafts.append(sample(q, rng))
+            toks = [rnd.drafts[-1]]
+        stats.draft_s += time.perf_counter() - t0
+        return rnd
+
+    def _verify(self, tok: int, rnd: _Round, positions: list[int], tpos: int, params: SamplingParams,
+                rng: np.random.Generator, stats: SpeculativeStats) -> tuple[int, int]:
+        """Decode [tok, *drafts] in one batch (through the view with SpecAttn) and accept
+        a prefix; only accepted cells stay in the target's sequence."""
+        t0 = time.perf_counter()
+        batch = [tok, *rnd.drafts]
+        n_cells = sum(1 for p in positions if p >= 0)
+        n_view = n_cells
+        if self.sparse is not None and rnd.steps:
+            spans, n_view = view_spans(self.sparse, rnd.steps, positions, tpos)
+            self.target.make_view(spans)
+            try:
+                self.target.decode(batch, tpos, logits_all=True, seqs=(VIEW_SEQ,))
+                k, nxt = self._accept(len(batch), rnd, params, rng)
+                self.target.commit_view(tpos, tpos + 1 + k)
+            finally:
+                self.target.drop_view()  # frees the rejected cells, which only the view held
+        else:
+            self.target.decode(batch, tpos, logits_all=True)
+            k, nxt = self._accept(len(batch), rnd, params, rng)
+        stats.n_rounds += 1
+        stats.n_drafted += len(rnd.drafts)
+        stats.n_accepted += k
+        stats.cells_attended += n_view
+        stats.cells_total += n_cells
+        stats.verify_s += time.perf_counter() - t0
+        return k, nxt
+
+    def _accept(self, n_rows: int, rnd: _Round, params: SamplingParams,
+                rng: np.random.Generator) -> tuple[int, int]:
+        rows = [self.target.logits_at(i) for i in range(n_rows)]
+        if params.temperature <= 0.0:
+            return accept_greedy(rows, rnd.drafts)
+        return accept_stochastic([distribution(r, params) for r in rows], rnd.q_rows, rnd.drafts, rng)
+

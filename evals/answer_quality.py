@@ -1,0 +1,186 @@
+"""``specgate eval``: answer accuracy of dense prefill against SpecPrefill settings.
+
+Per task the target runs dense once; the speculator captures attention once
+(lookahead 8), and lookahead 1/4/8 and pooling on/off are derived from those
+captured steps; each setting then costs one sparse target pass.  Layer-truncated
+scorers (the first K blocks of the speculator) run as extra arms with their
+scoring time and the overlap of their kept set with the full scorer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bench.common import progress, write_result
+from bench.derived_models import derived
+from core import model_files
+from core.config import EngineConfig, PrefillPolicy, SamplingParams, Selection, TurnParams
+from core.results import Timings
+from core.scoring import importance
+from core.selection import select_tokens
+from core.session_kv import SeqState, SessionKV
+from evals import tasks as eval_tasks
+
+if TYPE_CHECKING:  # the engine (llama.cpp) loads only when an evaluation runs
+    from core.engine import Engine
+
+ANSWER = SamplingParams(max_tokens=12)
+
+
+@dataclass(slots=True, frozen=True)
+class Setting:
+    name: str
+    mode: str = "original"
+    selection: Selection = Selection()
+    lookahead: int = 8
+    pool: int = 13
+    scorer: str = "full"
+
+
+def settings(quick: bool, truncated: tuple[int, ...]) -> list[Setting]:
+    out = []
+    for mode in ("original", "compact"):
+        for m in ((0.85,) if quick else (0.7, 0.85, 0.95)):
+            out.append(Setting(f"mass{m}-{mode}", mode, Selection(mass=m)))
+        for f in ((0.2,) if quick else (0.1, 0.2, 0.3)):
+            out.append(Setting(f"chunk{f}-{mode}", mode, Selection(select_mode="chunk", keep_fraction=f)))
+        for la in ((1,) if quick else (1, 4)):
+            out.append(Setting(f"la{la}-{mode}", mode, lookahead=la))
+        out.append(Setting(f"nopool-{mode}", mode, pool=0))
+    out += [Setting(f"K{k}-original", scorer=f"K{k}") for k in truncated]
+    return out
+
+
+def kept_for(steps: list[np.ndarray], n: int, s: Setting, policy: PrefillPolicy) -> np.ndarray:
+    scores = importance(steps[: s.lookahead + 1], n, s.pool, policy.boost_first_n, policy.boost_first_mult,
+                        policy.boost_last_n, policy.boost_last_mult)
+    return select_tokens(scores, s.selection)
+
+
+def capture(engine: Engine, tokens: tuple[int, ...]) -> tuple[list[np.ndarray], float]:
+    engine.speculator_ctx.clear()
+    t0 = time.perf_counter()
+    steps = engine.capture_steps(SeqState(), tokens, 8, Timings())
+    return steps, time.perf_counter() - t0
+
+
+def answer(engine: Engine, tokens: tuple[int, ...], kept: np.ndarray, mode: str) -> str:
+    engine.target_ctx.clear()
+    params = TurnParams(prefill=PrefillPolicy(position_mode=mode), sampling=ANSWER)
+    gen = engine.prefill_and_decode(SessionKV(), tokens, kept, params, None, Timings(), tokens)
+    return gen.text
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    if n == 0:
+        return (0.0, 0.0)
+    z, p = 1.96, k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4))
+
+
+def retention_ci(dense: list[bool], sparse: list[bool], rounds: int = 2000) -> tuple[float, float]:
+    """Paired bootstrap over tasks of (sparse accuracy / dense accuracy)."""
+    rng = random.Random(0)
+    n, values = len(dense), []
+    for _ in range(rounds):
+        idx = [rng.randrange(n) for _ in range(n)]
+        d = sum(dense[i] for i in idx)
+        if d:
+            values.append(sum(sparse[i] for i in idx) / d)
+    values.sort()
+    return (round(values[int(0.025 * len(values))], 4), round(values[int(0.975 * len(values)) - 1], 4)) \
+        if values else (0.0, 0.0)
+
+
+def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tuple[int, ...], out: Path) -> Any:
+    from core.engine import Engine
+
+    cfg = model_files.with_default_models(EngineConfig(n_ctx=4096, calibrate_tokens=0))
+    target, speculator = cfg.target, cfg.speculator
+    engine = Engine(cfg)
+    scorers = {f"K{k}": Engine(EngineConfig(target=str(derived(k)), speculator=str(derived(k)), n_ctx=4096,
+                                            calibrate_tokens=0)) for k in truncated}
+    policy = PrefillPolicy()
+    arms = settings(quick, truncated)
+    tasks = eval_tasks.generate(per_family, seed, words)
+    rows: list[dict[str, Any]] = []
+    meta = {"params": {"per_family": per_family, "seed": seed, "words": words},
+            "models": {"target": target, "speculator": speculator,
+                       **{f"scorer_K{k}": str(derived(k)) for k in truncated}}}
+    try:
+        for i, task in enumerate(tasks):
+            prompt = engine.chat.render(list(task.messages))
+            tokens, n = prompt.tokens, len(prompt)
+            progress(f"eval task {i + 1}/{len(tasks)} {task.id} ({n} tokens)")
+            dense_text = answer(engine, tokens, np.arange(n), "original")
+            rows.append(row(task, "dense", dense_text, n, n, 0.0, None))
+            steps = {"full": capture(engine, tokens)}
+            for name, scorer in scorers.items():
+                steps[name] = capture(scorer, tokens)
+            full_default = kept_for(steps["full"][0], n, Setting("default"), policy)
+            for s in arms:
+                kept = kept_for(steps[s.scorer][0], n, s, policy)
+                overlap = len(np.intersect1d(kept, full_default)) / len(full_default) if s.scorer != "full" else None
+                rows.append(row(task, s.name, answer(engine, tokens, kept, s.mode), n, int(kept.size),
+                                steps[s.scorer][1], overlap))
+            done = [r for r in rows if r["task"] == task.id]
+            progress("  " + " ".join(f"{r['setting']}={'+' if r['correct'] else '-'}" for r in done))
+            save(rows, arms, meta, out)  # after every task: a stopped run keeps what it measured
+    finally:
+        engine.close()
+        for scorer in scorers.values():
+            scorer.close()
+    from bench import plots  # matplotlib only when results are written
+
+    summary = save(rows, arms, meta, out)
+    plots.eval_accuracy(summary, out / "eval.png")
+    return summary
+
+
+def save(rows: list[dict[str, Any]], arms: list[Setting], meta: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    summary = summarize(rows, arms)
+    write_result(out / "eval.json", "eval", {**meta["params"], "settings": [asdict(s) for s in arms],
+                                           "rows": rows, "summary": summary}, meta["models"])
+    return summary
+
+
+def row(task: eval_tasks.Task, setting: str, text: str, n: int, kept: int, scoring_s: float,
+        overlap: float | None) -> dict[str, Any]:
+    return {"task": task.id, "family": task.family, "depth": task.depth, "setting": setting, "n_prompt": n,
+            "n_kept": kept, "kept_fraction": round(kept / n, 4), "scoring_s": round(scoring_s, 3),
+            "overlap_with_full": None if overlap is None else round(overlap, 4), "answer": text,
+            "expected": task.expected, "correct": task.expected.lower() in text.lower()}
+
+
+def summarize(rows: list[dict[str, Any]], arms: list[Setting]) -> list[dict[str, Any]]:
+    dense = [r["correct"] for r in rows if r["setting"] == "dense"]
+    out = []
+    for s in [Setting("dense"), *arms]:
+        mine = [r for r in rows if r["setting"] == s.name]
+        hits = [r["correct"] for r in mine]
+        k = sum(hits)
+        acc = k / len(hits) if hits else 0.0
+        overlaps = [r["overlap_with_full"] for r in mine if r["overlap_with_full"] is not None]
+        out.append({
+            "setting": s.name, "position_mode": s.mode, "n": len(hits), "accuracy": round(acc, 4),
+            "ci95": wilson(k, len(hits)),
+            "retention": round(acc / (sum(dense) / len(dense)), 4) if sum(dense) else None,
+            "retention_ci95": retention_ci(dense, hits) if s.name != "dense" else None,
+            "kept_fraction": round(float(np.mean([r["kept_fraction"] for r in mine])), 4),
+            "scoring_s": round(float(np.mean([r["scoring_s"] for r in mine])), 3),
+            "overlap_with_full": round(float(np.mean(overlaps)), 4) if overlaps else None,
+            "by_family": {f: round(sum(r["correct"] for r in mine if r["family"] == f)
+                                   / max(1, sum(1 for r in mine if r["family"] == f)), 3)
+                          for f in eval_tasks.FAMILIES},
+        })
+    return out

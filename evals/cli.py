@@ -1,0 +1,42 @@
+"""``specgate eval``: argument definitions (light) and dispatch; the evaluations
+themselves import only when they run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from core import corpus
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--per-family", type=int, default=5, help="tasks per family (5 families)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--words", type=int, default=800, help="filler words per task (~1.14 tokens each)")
+    parser.add_argument("--quick", action="store_true", help="1 task per family and a small grid")
+    parser.add_argument("--truncated", default="6,12", help="layer-truncated scorers to test (blocks), '' for none")
+    parser.add_argument("--out", default="results/eval")
+    g = parser.add_argument_group("--specattn")
+    g.add_argument("--specattn", action="store_true", help="SpecAttn: perplexity vs KV access, and decode speed")
+    g.add_argument("--ppl-texts", default=",".join(corpus.EVALUATION), help="documents scored for perplexity")
+    g.add_argument("--ppl-tokens", type=int, default=2048, help="tokens per document (first 10%% prefilled)")
+    g.add_argument("--ps", default="0.95,0.97,0.99", help="SpecAttn top-p values")
+    g.add_argument("--contexts", default="4096,16384", help="decode-speed context lengths ('' to skip)")
+    g.add_argument("--decode-tokens", type=int, default=64)
+    g.add_argument("--gamma", type=int, default=4)
+
+
+def run(args: argparse.Namespace) -> int:
+    import orjson
+
+    if args.specattn:
+        from evals import specattn
+        print(orjson.dumps(specattn.run_specattn(args), option=orjson.OPT_INDENT_2).decode())
+        return 0
+    from evals import answer_quality
+
+    per_family = 1 if args.quick else args.per_family
+    truncated = tuple(int(x) for x in args.truncated.split(",") if x)
+    summary = answer_quality.run_eval(per_family, args.seed, args.words, args.quick, truncated, Path(args.out))
+    print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+    return 0

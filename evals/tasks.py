@@ -1,0 +1,127 @@
+"""Long-context tasks generated locally and deterministically from a seed.
+
+Families: single-key needle, multi-key needle (distractor keys), variable
+tracking (a chain of assignments spread through the text), multi-document QA
+over generated facts, and tool-use continuation (a long tool output, then a
+question that needs one detail of it).  Each task is a chat and an expected
+answer string; an answer is correct when it contains that string.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from bench.textgen import filler
+
+FAMILIES = ("needle", "multikey", "vartrack", "multidoc", "tooluse")
+DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+KEYS = ["copper gate", "violet tower", "north cellar", "river lock", "glass hangar", "iron pantry",
+        "salt archive", "maple vault", "stone kiosk", "cedar depot"]
+CITIES = ["Lisbon", "Tallinn", "Oaxaca", "Nagoya", "Tromso", "Porto", "Quito", "Hobart", "Bergen", "Cusco"]
+PRODUCTS = ["solar valves", "ceramic gears", "wool filters", "glass lenses", "carbon springs", "brass hinges"]
+SYSTEM = "You are a careful assistant. Answer from the provided text only, briefly."
+
+
+@dataclass(slots=True, frozen=True)
+class Task:
+    id: str
+    family: str
+    depth: float
+    messages: tuple[dict[str, Any], ...]
+    expected: str
+
+
+def _code(rng: random.Random) -> str:
+    return f"{rng.choice('BCDFGHJKLMNPRSTVWXZ')}{rng.choice('AEIOU')}-{rng.randint(1000, 9999)}"
+
+
+def _insert(sentences: list[str], fact: str, depth: float) -> list[str]:
+    out = list(sentences)
+    out.insert(int(len(out) * depth), fact)
+    return out
+
+
+def _chat(body: str, question: str) -> tuple[dict[str, Any], ...]:
+    return ({"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{body}\n\n{question}"})
+
+
+def needle(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[str, Any], ...], str]:
+    key, value = rng.choice(KEYS), _code(rng)
+    doc = _insert(filler(words, rng), f"The access code for the {key} is {value}.", depth)
+    return _chat(" ".join(doc), f"What is the access code for the {key}? Answer with the code."), value
+
+
+def multikey(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[str, Any], ...], str]:
+    keys = rng.sample(KEYS, 4)
+    values = [_code(rng) for _ in keys]
+    doc = filler(words, rng)
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        d = depth if i == 0 else rng.random()
+        doc = _insert(doc, f"The access code for the {k} is {v}.", d)
+    return _chat(" ".join(doc), f"What is the access code for the {keys[0]}? Answer with the code."), values[0]
+
+
+def vartrack(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[str, Any], ...], str]:
+    names = rng.sample(["QX", "ZB", "MR", "TK", "VL", "HP", "NW", "JD"], 4)
+    value = str(rng.randint(10000, 99999))
+    doc = filler(words, rng)
+    spots = sorted([depth] + [rng.uniform(0.05, 0.95) for _ in range(3)])
+    statements = [f"VAR {names[0]} = {value}."] + [f"VAR {names[i]} = {names[i - 1]}." for i in range(1, 4)]
+    for spot, stmt in zip(reversed(spots), reversed(statements), strict=True):
+        doc = _insert(doc, stmt, spot)
+    question = f"Following the VAR assignments, what number does {names[3]} hold? Answer with the number."
+    return _chat(" ".join(doc), question), value
+
+
+def multidoc(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[str, Any], ...], str]:
+    n_docs = 6
+    firms = [f"{rng.choice(['Arlo', 'Brisk', 'Corvid', 'Delta', 'Ember', 'Fjord', 'Gale', 'Helix'])} "
+             f"{rng.choice(['Works', 'Labs', 'Mills', 'Foundry', 'Supply'])} {i + 1}" for i in range(n_docs)]
+    target = min(n_docs - 1, int(depth * n_docs))
+    parts, answer = [], ""
+    for i, firm in enumerate(firms):
+        city, product, year = rng.choice(CITIES), rng.choice(PRODUCTS), rng.randint(1950, 2019)
+        if i == target:
+            answer = city
+        body = " ".join(filler(words // n_docs, rng))
+        parts.append(f"Document {i + 1}: {firm} was founded in {year} in {city} and makes {product}. {body}")
+    question = f"In which city was {firms[target]} founded? Answer with the city."
+    return _chat("\n\n".join(parts), question), answer
+
+
+def tooluse(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[str, Any], ...], str]:
+    n_rows = max(8, words // 14)
+    target = min(n_rows - 1, int(depth * n_rows))
+    rows, answer = [], ""
+    for i in range(n_rows):
+        order = f"ORD-{rng.randint(100000, 999999)}"
+        city = rng.choice(CITIES)
+        qty = rng.randint(1, 400)
+        if i == target:
+            answer, target_order = city, order
+        rows.append(f'{{"order": "{order}", "ship_to": "{city}", "qty": {qty}, "status": "'
+                    f'{rng.choice(["packed", "shipped", "held", "returned"])}"}}')
+    messages = (
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "List today's orders from the warehouse system."},
+        {"role": "assistant", "content": "I called list_orders(); here is what it returned."},
+        {"role": "user", "content": "Tool output:\n" + "\n".join(rows)
+         + f"\n\nTo which city does order {target_order} ship? Answer with the city."},
+    )
+    return messages, answer
+
+
+MAKERS = {"needle": needle, "multikey": multikey, "vartrack": vartrack, "multidoc": multidoc, "tooluse": tooluse}
+
+
+def generate(per_family: int, seed: int, words: int) -> list[Task]:
+    tasks = []
+    for family in FAMILIES:
+        for i in range(per_family):
+            rng = random.Random(f"{seed}-{family}-{i}")
+            depth = DEPTHS[i % len(DEPTHS)]
+            messages, expected = MAKERS[family](rng, words, depth)
+            tasks.append(Task(f"{family}-{i}", family, depth, messages, expected))
+    return tasks

@@ -1,0 +1,155 @@
+"""Engine tests on tiny models derived from the real speculator (same tokenizer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.chat import ChatTemplate
+from core.config import EngineConfig, SamplingParams
+from tests.support import policy, with_sampling
+from core.engine import Engine
+from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, VocabMismatch
+from core.prefill import dense_prefill, sparse_prefill
+from core.prompt import Prompt
+
+GREEDY = SamplingParams(max_tokens=8)
+ALWAYS = policy(min_tokens=0, break_even=False)
+
+
+def long_prompt(engine: Engine, n_sentences: int = 60) -> Prompt:
+    body = " ".join(f"Item {i}: the crate in bay {i % 7} holds {i * 3} lamps." for i in range(n_sentences))
+    return ChatTemplate(engine.target).render([
+        {"role": "system", "content": "You are a warehouse assistant."},
+        {"role": "user", "content": body + " How many lamps are in item 12?"},
+    ])
+
+
+def prefill_logits(engine: Engine, tokens, kept, mode) -> np.ndarray:
+    ctx = engine.target_ctx
+    ctx.clear()
+    if kept is None:
+        dense_prefill(ctx, tokens, 0)
+    else:
+        sparse_prefill(ctx, tokens, kept, mode, 0)
+    return ctx.logits()
+
+
+@pytest.mark.parametrize("mode", ["original", "compact"])
+def test_keep_everything_reproduces_dense_logits(tiny_engine, mode):
+    tokens = long_prompt(tiny_engine).tokens
+    dense = prefill_logits(tiny_engine, tokens, None, mode)
+    sparse = prefill_logits(tiny_engine, tokens, np.arange(len(tokens)), mode)
+    np.testing.assert_array_equal(sparse, dense)
+
+
+def test_original_mode_keeps_positions_compact_packs_them(tiny_engine):
+    tokens = long_prompt(tiny_engine).tokens
+    n = len(tokens)
+    kept = np.concatenate([np.arange(0, 40), np.arange(100, 160), np.arange(n - 30, n)])
+    ctx = tiny_engine.target_ctx
+    ctx.clear()
+    assert sparse_prefill(ctx, tokens, kept, "original", 0) == n
+    assert ctx.pos_max() == n - 1
+    ctx.clear()
+    assert sparse_prefill(ctx, tokens, kept, "compact", 0) == kept.size
+    assert ctx.pos_max() == kept.size - 1
+
+
+def test_bridge_gives_different_state_than_compact(tiny_engine):
+    """Same kept tokens at different positions must change the logits (RoPE)."""
+    tokens = long_prompt(tiny_engine).tokens
+    n = len(tokens)
+    kept = np.concatenate([np.arange(0, 40), np.arange(200, n)])
+    original = prefill_logits(tiny_engine, tokens, kept, "original")
+    compact = prefill_logits(tiny_engine, tokens, kept, "compact")
+    assert np.abs(original - compact).max() > 1e-3
+
+
+def test_active_run_reports_phases_and_selection(tiny_engine):
+    prompt = long_prompt(tiny_engine)
+    r = tiny_engine.run(prompt, with_sampling(ALWAYS, GREEDY))
+    t = r.timings
+    assert t.status == "active"
+    assert t.n_prompt == len(prompt) and 0 < t.n_kept < t.n_prompt
+    assert r.kept[:4].tolist() == [0, 1, 2, 3] and r.kept[-1] == len(prompt) - 1
+    assert t.spec_prefill_ms > 0 and t.lookahead_ms > 0 and t.prefill_ms > 0
+    assert t.ttft_ms >= t.scoring_ms + t.prefill_ms
+    assert 1 <= t.n_predicted <= GREEDY.max_tokens
+
+
+def test_mass_one_keeps_all_and_says_so(tiny_engine):
+    r = tiny_engine.run(long_prompt(tiny_engine), with_sampling(policy(min_tokens=0, break_even=False, mass=1.0), GREEDY))
+    assert r.timings.specprefill == "kept_all" and r.timings.prompt_n == r.timings.context_n
+
+
+def test_keep_all_output_equals_dense_output(tiny_engine):
+    prompt = long_prompt(tiny_engine)
+    kept_all = tiny_engine.run(prompt, with_sampling(policy(min_tokens=0, break_even=False, mass=1.0), GREEDY))
+    dense = tiny_engine.run(prompt, with_sampling(policy(enabled=False), GREEDY))
+    assert kept_all.tokens == dense.tokens
+
+
+def test_planner_statuses_through_the_engine(tiny_engine):
+    prompt = long_prompt(tiny_engine)
+    assert tiny_engine.run(prompt, with_sampling(policy(enabled=False), GREEDY)).timings.specprefill == "disabled"
+    assert tiny_engine.run(prompt, with_sampling(policy(min_tokens=10_000), GREEDY)).timings.specprefill == \
+        "skipped_min_tokens"
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    tool_prompt = ChatTemplate(tiny_engine.target).render(
+        [{"role": "user", "content": "What is the weather? " * 40}], tools)
+    guarded = tiny_engine.run(tool_prompt, with_sampling(ALWAYS, GREEDY))
+    assert guarded.timings.specprefill == "skipped_tool_guard"
+    assert guarded.timings.prompt_n == len(tool_prompt)
+    conservative = tiny_engine.run(tool_prompt, with_sampling(policy(min_tokens=0, break_even=False,
+                                                             guard_mode="conservative", mass=0.3), GREEDY))
+    system = next(s for s in tool_prompt.spans if s.role == "system")
+    assert set(range(system.start, system.end)) <= set(conservative.kept.tolist())
+
+
+def test_stop_strings_and_max_tokens(tiny_engine):
+    prompt = long_prompt(tiny_engine)
+    free = tiny_engine.run(prompt, with_sampling(policy(enabled=False), SamplingParams(max_tokens=12)))
+    assert free.timings.predicted_n <= 12
+    assert len(free.text) > 3
+    stop = free.text[2:4]
+    cut = tiny_engine.run(prompt, with_sampling(policy(enabled=False), SamplingParams(max_tokens=12, stop=(stop,))))
+    assert cut.finish_reason == "stop" and cut.text == free.text[:free.text.index(stop)]
+
+
+def test_seeded_sampling_is_reproducible(tiny_engine):
+    prompt = long_prompt(tiny_engine)
+    params = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, top_k=40, seed=1234)
+    a = tiny_engine.run(prompt, with_sampling(policy(enabled=False), params))
+    b = tiny_engine.run(prompt, with_sampling(policy(enabled=False), params))
+    assert a.tokens == b.tokens
+
+
+def test_on_text_false_cancels(tiny_engine):
+    pieces = []
+    r = tiny_engine.run(long_prompt(tiny_engine), with_sampling(policy(enabled=False), SamplingParams(max_tokens=20)),
+                        on_text=lambda s: pieces.append(s) or False)
+    assert r.finish_reason == "cancelled" and len(pieces) == 1
+
+
+def test_empty_and_too_long_prompts(tiny_engine):
+    with pytest.raises(EmptyPrompt):
+        tiny_engine.run(Prompt(()), with_sampling(ALWAYS, GREEDY))
+    with pytest.raises(PromptTooLong, match=r"5000 tokens .* 4095"):
+        tiny_engine.run(Prompt(tuple([100] * 5000)), with_sampling(ALWAYS, GREEDY))
+
+
+def test_model_file_errors(tmp_path, tiny_target):
+    with pytest.raises(ModelFileError, match="not found"):
+        Engine(EngineConfig(target=str(tmp_path / "nope.gguf"), speculator=str(tiny_target)))
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"NOPE" + b"\0" * 100)
+    with pytest.raises(ModelFileError, match="not a GGUF"):
+        Engine(EngineConfig(target=str(tiny_target), speculator=str(junk)))
+
+
+def test_mismatched_vocabularies_are_refused(tiny_target, small_model):
+    with pytest.raises(VocabMismatch, match="vocabularies differ"):
+        Engine(EngineConfig(target=str(tiny_target), speculator=str(small_model), n_ctx=512,
+                            calibrate_tokens=0))

@@ -1,0 +1,74 @@
+"""The real Qwen pair on a short prompt: a planted fact survives sparse prefill."""
+
+from __future__ import annotations
+
+import pytest
+
+from core import model_files
+from core.chat import ChatTemplate
+from core.config import EngineConfig, SamplingParams
+from core.engine import Engine
+from tests.support import real_model, policy, with_sampling
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="module")
+def qwen_pair():
+    engine = Engine(EngineConfig(target=str(real_model(model_files.TARGET)),
+                                 speculator=str(real_model(model_files.SPECULATOR)),
+                                 n_ctx=2048, n_threads=2, calibrate_tokens=0))
+    yield engine
+    engine.close()
+
+
+def needle_messages() -> list[dict]:
+    filler = " ".join(f"Shelf {i} in the east hall stores spare parts for model {i * 7} pumps."
+                      for i in range(30))
+    fact = "The maintenance password for the west gate is TANGO-58."
+    doc = filler[: len(filler) // 3] + " " + fact + " " + filler[len(filler) // 3:]
+    return [{"role": "system", "content": "Answer from the document, briefly."},
+            {"role": "user", "content": f"{doc}\n\nWhat is the maintenance password for the west gate?"}]
+
+
+@pytest.mark.parametrize("mode", ["original", "compact"])
+def test_planted_fact_survives_sparse_prefill(qwen_pair, mode):
+    prompt = ChatTemplate(qwen_pair.target).render(needle_messages())
+    policy = policy(min_tokens=0, break_even=False, select_mode="chunk", keep_fraction=0.3,
+                          position_mode=mode, lookahead=4)
+    r = qwen_pair.run(prompt, with_sampling(policy, SamplingParams(max_tokens=24)))
+    assert r.timings.specprefill == "active"
+    assert r.timings.prompt_n < 0.6 * r.timings.context_n
+    assert "TANGO-58" in r.text, r.text
+
+
+def test_openai_client_tool_call_round_trip_on_the_real_pair():
+    """The official client, unchanged but for base_url, gets a parsed tool call back."""
+    import json
+
+    import openai
+
+    from tests.support import start_gateway
+
+    gw = start_gateway(real_model(model_files.TARGET), real_model(model_files.SPECULATOR))
+    try:
+        client = openai.OpenAI(base_url=gw.base + "/v1", api_key="unused", max_retries=0)
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "Get the current weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        question = [{"role": "user", "content": "What's the weather in Oslo right now?"}]
+        reply = client.chat.completions.create(model="specgate", messages=question, tools=tools, max_tokens=64)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        call = reply.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments)["city"] == "Oslo"
+        assert reply.model_extra["timings"]["specprefill"] in ("skipped_tool_guard", "skipped_min_tokens")
+        stream = client.chat.completions.create(model="specgate", messages=question, tools=tools, max_tokens=64,
+                                                stream=True)
+        chunks = [c for c in stream if c.choices]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
+        streamed = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        assert streamed[0].function.name == "get_weather"
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    finally:
+        gw.stop()

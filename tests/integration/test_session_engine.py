@@ -1,0 +1,102 @@
+"""Multi-turn engine behaviour: delta prefill, rollback on edits, KV save/restore."""
+
+from __future__ import annotations
+
+from core.chat import ChatTemplate
+from core.config import SamplingParams
+from tests.support import policy, with_sampling
+from core.session_kv import SessionKV, common_prefix
+
+GREEDY = SamplingParams(max_tokens=6)
+KEEP_ALL = policy(min_tokens=0, break_even=False, mass=1.0)
+SPARSE = policy(min_tokens=0, break_even=False, mass=0.5)
+
+
+def doc(i: int, n: int = 12) -> str:
+    return " ".join(f"Record {i}.{k}: sensor {k % 5} read {k * i + 3} units." for k in range(n))
+
+
+def conversation(turns: int, replies: list[str]) -> list[list[dict]]:
+    msgs = [{"role": "system", "content": "You summarize sensor logs."}]
+    out = []
+    for i in range(turns):
+        msgs = msgs + [{"role": "user", "content": doc(i) + f" Which sensor read most in batch {i}?"}]
+        out.append(list(msgs))
+        if i < len(replies):
+            msgs = msgs + [{"role": "assistant", "content": replies[i]}]
+    return out
+
+
+def test_second_turn_prefills_only_the_delta(tiny_engine):
+    chat = ChatTemplate(tiny_engine.target)
+    kv = SessionKV()
+    tiny_engine.load_kv(None)
+    t1 = chat.render(conversation(1, [])[0])
+    r1 = tiny_engine.run(t1, with_sampling(SPARSE, GREEDY), kv=kv)
+    assert r1.timings.speculator_cache_n == 0 and r1.timings.speculator_prefill_n == len(t1)
+    msgs2 = conversation(2, [r1.text])[1]
+    t2 = chat.render(msgs2)
+    assert len(kv.speculator.tokens) > len(t1)  # the speculator also holds the reply
+    reused = common_prefix(kv.speculator.tokens, t2.tokens)
+    assert reused >= len(t1)
+    r2 = tiny_engine.run(t2, with_sampling(SPARSE, GREEDY), kv=kv)
+    assert r2.timings.speculator_cache_n == reused
+    assert r2.timings.speculator_prefill_n == len(t2) - reused
+    assert r2.timings.cache_n > 0 and r2.timings.specprefill == "active"
+    assert r2.timings.prompt_n == r2.timings.prompt_n < len(t2) - r2.timings.cache_n
+    assert kv.target.tokens[: len(t2)] == list(t2.tokens)
+
+
+def test_keep_all_session_matches_fresh_requests(smol_engine):
+    tiny_engine = smol_engine
+    chat = ChatTemplate(tiny_engine.target)
+    kv = SessionKV()
+    tiny_engine.load_kv(None)
+    replies: list[str] = []
+    session_out, fresh_out = [], []
+    for i in range(3):
+        prompt = chat.render(conversation(i + 1, replies)[i])
+        r = tiny_engine.run(prompt, with_sampling(KEEP_ALL, GREEDY), kv=kv)
+        if i:
+            assert r.timings.cache_n > 0
+        session_out.append(r.tokens)
+        replies.append(r.text)
+    for i in range(3):
+        prompt = chat.render(conversation(i + 1, replies)[i])
+        fresh_out.append(tiny_engine.run(prompt, with_sampling(KEEP_ALL, GREEDY)).tokens)
+    assert session_out == fresh_out
+
+
+def test_edited_history_rolls_back_to_common_prefix(smol_engine):
+    tiny_engine = smol_engine
+    chat = ChatTemplate(tiny_engine.target)
+    kv = SessionKV()
+    tiny_engine.load_kv(None)
+    first = conversation(1, [])[0]
+    tiny_engine.run(chat.render(first), with_sampling(KEEP_ALL, GREEDY), kv=kv)
+    edited = [first[0], {"role": "user", "content": doc(9) + " Which sensor read least?"}]
+    prompt = chat.render(edited)
+    r = tiny_engine.run(prompt, with_sampling(KEEP_ALL, GREEDY), kv=kv)
+    system_len = len(chat.render([first[0]]).tokens) - 3  # minus the generation header
+    assert system_len <= r.timings.cache_n < len(prompt) // 2
+    assert r.timings.speculator_cache_n == r.timings.cache_n
+    fresh = tiny_engine.run(prompt, with_sampling(KEEP_ALL, GREEDY))
+    assert r.tokens == fresh.tokens
+
+
+def test_saved_kv_restores_the_session(smol_engine):
+    tiny_engine = smol_engine
+    chat = ChatTemplate(tiny_engine.target)
+    kv_a, kv_b = SessionKV(), SessionKV()
+    conv = conversation(2, ["Sensor 4."])
+    tiny_engine.load_kv(None)
+    tiny_engine.run(chat.render(conv[0]), with_sampling(KEEP_ALL, GREEDY), kv=kv_a)
+    saved = tiny_engine.save_kv()
+    assert len(saved[0]) > 0 and len(saved[1]) > 0
+    tiny_engine.load_kv(None)
+    tiny_engine.run(chat.render([{"role": "user", "content": "Other session."}]), with_sampling(KEEP_ALL, GREEDY), kv=kv_b)
+    tiny_engine.load_kv(saved)
+    prompt = chat.render(conv[1])
+    resumed = tiny_engine.run(prompt, with_sampling(KEEP_ALL, GREEDY), kv=kv_a)
+    assert resumed.timings.cache_n > 0
+    assert resumed.tokens == tiny_engine.run(prompt, with_sampling(KEEP_ALL, GREEDY)).tokens

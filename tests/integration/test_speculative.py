@@ -1,0 +1,185 @@
+"""Speculative decoding and SpecAttn verification on real (small) models.
+
+Greedy output must equal plain target decoding token for token; sparse views must
+never corrupt a session's caches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.config import SamplingParams
+from tests.support import policy, with_sampling
+from core.session_kv import SessionKV
+
+PLAIN = policy(enabled=False)
+SPECULATIVE = policy(enabled=False, speculative=True)
+STORY = [{"role": "user", "content": "Write a short story about a robot who learns to paint. " * 3}]
+
+
+def run(engine, messages, policy, sampling, kv=None):
+    return engine.run(engine.chat.render(messages), with_sampling(policy, sampling), kv=kv)
+
+
+@pytest.mark.parametrize("policy", [SPECULATIVE, policy(enabled=False, specattn=True, specattn_p=1.0),
+                                    policy(enabled=False, speculative=True, gamma=1)],
+                         ids=["dense-verify", "specattn-p1", "gamma1"])
+def test_greedy_speculative_equals_plain_decoding(smol_pair_engine, policy):
+    greedy = SamplingParams(max_tokens=48)
+    plain = run(smol_pair_engine, STORY, PLAIN, greedy)
+    spec = run(smol_pair_engine, STORY, policy, greedy)
+    assert spec.tokens == plain.tokens and spec.text == plain.text
+    t = spec.timings.speculative
+    assert spec.timings.decode_mode == policy.decoding.mode
+    assert 0 < t.n_accepted < t.n_drafted  # the truncated draft is right sometimes, not always
+    assert t.cells_attended == t.cells_total  # p=1 (or dense) attends every cell
+
+
+def test_identical_draft_is_almost_always_accepted(smol_engine):
+    greedy = SamplingParams(max_tokens=40)
+    plain = run(smol_engine, STORY, PLAIN, greedy)
+    spec = run(smol_engine, STORY, SPECULATIVE, greedy)
+    assert spec.tokens == plain.tokens
+    assert spec.timings.speculative.accept_rate > 0.9
+    assert spec.timings.speculative.n_drafted >= 4 * (len(spec.tokens) // 5)
+
+
+def test_speculative_respects_max_tokens_and_stop(smol_pair_engine):
+    plain = run(smol_pair_engine, STORY, PLAIN, SamplingParams(max_tokens=7))
+    spec = run(smol_pair_engine, STORY, SPECULATIVE, SamplingParams(max_tokens=7))
+    assert spec.tokens == plain.tokens and len(spec.tokens) == 7 and spec.finish_reason == "length"
+    word = plain.text.split()[3]
+    stopped = run(smol_pair_engine, STORY, SPECULATIVE, SamplingParams(max_tokens=40, stop=(word,)))
+    assert stopped.finish_reason == "stop" and word not in stopped.text
+    assert plain.text.startswith(stopped.text)
+
+
+def test_sampled_speculative_decoding_is_seeded(smol_pair_engine):
+    hot = SamplingParams(max_tokens=24, temperature=0.9, seed=11)
+    a = run(smol_pair_engine, STORY, SPECULATIVE, hot)
+    b = run(smol_pair_engine, STORY, SPECULATIVE, hot)
+    c = run(smol_pair_engine, STORY, SPECULATIVE, SamplingParams(max_tokens=24, temperature=0.9, seed=12))
+    assert a.tokens == b.tokens and len(a.tokens) == 24
+    assert a.tokens != c.tokens
+
+
+def relogit_last(ctx, tokens: list[int]) -> np.ndarray:
+    """Decode the last token again on top of the cache's other cells."""
+    ctx.remove_from(len(tokens) - 1)
+    ctx.decode([tokens[-1]], len(tokens) - 1)
+    return ctx.logits()
+
+
+def fresh_logits(ctx, tokens: list[int]) -> np.ndarray:
+    ctx.clear()
+    ctx.decode(tokens, 0)
+    return ctx.logits()
+
+
+@pytest.mark.parametrize("p", [0.5, 0.9])
+def test_sparse_view_never_corrupts_the_session(smol_pair_engine, p):
+    """A SpecAttn turn at low p changes what the target attends to, never what it holds:
+    afterwards the target holds exactly the session's tokens (the reply's K/V computed
+    through the views, as SpecAttn does), its prompt cells are untouched, and the draft
+    gives a fresh dense prefill's logits."""
+    e = smol_pair_engine
+    kv = SessionKV()
+    e.load_kv(None)
+    prompt = e.chat.render(STORY).tokens
+    first = run(e, STORY, policy(enabled=False, specattn=True, specattn_p=p), SamplingParams(max_tokens=30),
+                kv=kv)
+    t = first.timings.speculative
+    assert 0 < t.cells_attended < t.cells_total
+    assert kv.speculator.tokens == kv.target.tokens  # the draft is in step with the target
+    assert kv.target.tokens[: len(prompt)] == list(prompt)
+    assert kv.target.kv_pos == list(range(len(kv.target.tokens)))
+    assert e.target_ctx.pos_max() == len(kv.target.tokens) - 1 and e.target_ctx.pos_max(1) == -1  # view gone
+    checks = ((e.speculator_ctx, kv.speculator.tokens), (e.target_ctx, list(prompt)))
+    for ctx, tokens in checks:
+        kept, fresh = relogit_last(ctx, tokens), fresh_logits(ctx, tokens)
+        assert int(np.argmax(kept)) == int(np.argmax(fresh))
+        assert np.abs(kept - fresh).max() < 0.05 * (fresh.max() - fresh.min())
+
+
+def test_qk_probe_reproduces_llama_attention(tiny_target):
+    """Keys and queries from the flash-attention probe give the softmax rows that the
+    non-flash context's kq_soft_max holds (the Quest-style eval baseline relies on it)."""
+    from core.llama_bindings import AttentionCapture, Context, Model, QKCapture
+
+    model = Model(str(tiny_target))
+    tokens = model.tokenize("The quick brown fox jumps over the lazy dog. " * 12)
+    n = len(tokens)
+    att, probe = AttentionCapture(model.n_layer), QKCapture(model.n_layer)
+    plain = Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, flash_attn=False, capture=att)
+    flash = Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, flash_attn=True, views=True,
+                    probe=probe)
+    try:
+        plain.decode(tokens[:-1], 0)
+        att.start(n)
+        plain.decode(tokens[-1:], n - 1)
+        rows = att.stop()  # [n_layer, n_head, n]
+        probe.start_keys()
+        flash.decode(tokens[:-1], 0)  # several ubatches of 64
+        keys = probe.stop_keys()  # [n_layer, n_kv, n-1, d]
+        probe.start_query()
+        flash.decode(tokens[-1:], n - 1)
+        q = probe.stop_query()  # [n_layer, n_head, d]
+        probe.start_keys()
+        flash.remove_from(n - 1)
+        flash.decode(tokens[-1:], n - 1)
+        k_last = probe.stop_keys()
+    finally:
+        plain.close()
+        flash.close()
+        model.close()
+    k = np.concatenate([keys, k_last], axis=2)
+    assert k.shape[2] == n
+    group = q.shape[1] // k.shape[1]
+    scores = np.einsum("lhd,lhnd->lhn", q, np.repeat(k, group, axis=1)) / np.sqrt(q.shape[-1])
+    soft = np.exp(scores - scores.max(-1, keepdims=True))
+    soft /= soft.sum(-1, keepdims=True)
+    assert np.abs(soft - rows).max() < 0.02
+
+
+def test_view_masks_attention_and_commits_only_chosen_cells(small_model):
+    """A batch through a view must attend to the view alone (llama.cpp masks by the first
+    seq id), and only committed cells may stay in the sequence afterwards."""
+    from core.llama_bindings import VIEW_SEQ, Context, Model
+
+    model = Model(str(small_model))
+    ctx = Context(model, n_ctx=512, n_batch=256, n_ubatch=256, n_threads=2, flash_attn=True, views=True)
+    try:
+        tokens = model.tokenize("The capital of France is Paris. The capital of Japan is Tokyo. " * 8)
+        n = len(tokens)
+        ctx.decode(tokens, 0)
+
+        def second_logits(spans):
+            if spans is not None:
+                ctx.make_view(spans)
+            ctx.decode([5, 6], n, logits_all=True, seqs=(VIEW_SEQ,) if spans is not None else (0,))
+            return ctx.logits_at(1)
+
+        dense = second_logits(None)
+        ctx.remove_from(n)
+        full_view = second_logits([(0, n)])
+        ctx.drop_view()
+        narrow = second_logits([(0, 4), (n - 1, n)])
+        ctx.commit_view(n, n + 1)  # keep the first new cell only
+        ctx.drop_view()
+        assert np.abs(full_view - dense).max() < 0.05 * (dense.max() - dense.min())
+        assert np.abs(narrow - dense).max() > 1.0  # a 5-cell view really changes the result
+        assert ctx.pos_max() == n and ctx.pos_max(VIEW_SEQ) == -1
+    finally:
+        ctx.close()
+        model.close()
+
+
+def test_low_p_verify_really_attends_through_the_view(smol_pair_engine):
+    """At p = 0.3 the target verifies against ~6% of the cells, which changes the greedy
+    reply; were the view not applied (e.g. a batch tagged [1, 0], which attends to all of
+    seq 0), the reply would equal dense verification's."""
+    greedy = SamplingParams(max_tokens=48)
+    dense = run(smol_pair_engine, STORY, SPECULATIVE, greedy)
+    sparse = run(smol_pair_engine, STORY, policy(enabled=False, specattn=True, specattn_p=0.3), greedy)
+    assert sparse.timings.speculative.selected_frac < 0.2
+    assert sparse.tokens != dense.tokens

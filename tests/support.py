@@ -1,0 +1,137 @@
+"""Helpers the tests share: real and derived models, a real redis-server, and the
+real gateway app served on a loopback port."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.common import free_port
+from bench.derived_models import derived
+from core import model_files
+from core.config import (DecodingPolicy, EngineConfig, GatewayConfig, PrefillPolicy, SamplingParams, Selection,
+                         ServeConfig, TurnParams, override)
+
+# what the gateway tests serve by default: SpecPrefill on every prompt, no break-even
+TEST_PREFILL = PrefillPolicy(min_tokens=0, break_even=False, selection=Selection(mass=0.6))
+
+
+def real_model(spec: model_files.ModelSpec) -> Path:
+    path = model_files.model_path(spec)
+    if not model_files.is_verified(spec, path):
+        pytest.fail(f"{spec.name} missing at {path}: run `specgate fetch-models` (the README's test "
+                    "command does this)")
+    return path
+
+
+def tiny(n_blocks: int, spec: model_files.ModelSpec = model_files.SPECULATOR) -> Path:
+    """A copy of a real model (the speculator by default) with only its first ``n_blocks``
+    blocks (cached)."""
+    real_model(spec)
+    return derived(n_blocks, spec)
+
+
+def engine_config(target: Path, speculator: Path) -> EngineConfig:
+    return EngineConfig(target=str(target), speculator=str(speculator), n_ctx=4096, n_threads=2,
+                        calibrate_tokens=64)
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port, no persistence."""
+
+    def __init__(self) -> None:
+        import shutil
+        import subprocess
+        import time
+
+        import redis
+
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server not installed: run ops/test.sh, which installs it")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        else:
+            self.stop()
+            pytest.fail("redis-server did not start")
+        self.client = client
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+class GatewayThread:
+    """The real aiohttp app on a loopback port, served from its own thread and loop."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        import asyncio
+        import threading
+
+        from aiohttp import web
+
+        from gateway.app import create_app
+
+        self.port = config.gateway.port
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.loop = asyncio.new_event_loop()
+        self.app = create_app(config)
+        self.runner = web.AppRunner(self.app)
+        ready = threading.Event()
+        self.error: BaseException | None = None
+
+        def serve() -> None:
+            asyncio.set_event_loop(self.loop)
+            try:
+                self.loop.run_until_complete(self.runner.setup())
+                site = web.TCPSite(self.runner, "127.0.0.1", self.port)
+                self.loop.run_until_complete(site.start())
+            except BaseException as exc:  # surfaced to the test
+                self.error = exc
+                ready.set()
+                return
+            ready.set()
+            self.loop.run_forever()
+            self.loop.run_until_complete(self.runner.cleanup())
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        ready.wait(300)
+        if self.error is not None:
+            raise self.error
+
+    def call(self, coro):
+        import asyncio
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(60)
+
+
+def start_gateway(target: Path, speculator: Path, prefill: PrefillPolicy = TEST_PREFILL,
+                  decoding: DecodingPolicy = DecodingPolicy(), **gateway_kwargs: Any) -> GatewayThread:
+    gw = GatewayConfig(port=free_port(), **gateway_kwargs)
+    return GatewayThread(ServeConfig(gw, engine_config(target, speculator), prefill, decoding))
+
+
+def policy(**fields: Any) -> TurnParams:
+    """TurnParams from flat field names: prefill, selection and decoding fields alike."""
+    return override(TurnParams(), **fields)
+
+
+def with_sampling(params: TurnParams, sampling: SamplingParams) -> TurnParams:
+    return dataclasses.replace(params, sampling=sampling)

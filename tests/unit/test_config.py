@@ -1,0 +1,59 @@
+import pytest
+
+from core.config import (DecodingPolicy, EngineConfig, PrefillPolicy, SamplingParams, Selection, ServeConfig,
+                         TurnParams, build, override)
+from core.errors import ConfigError
+
+
+def test_precedence_flag_over_env_over_default():
+    env = {"SPECGATE_MASS": "0.9", "SPECGATE_LOOKAHEAD": "3"}
+    cfg = build(PrefillPolicy, {"mass": 0.7, "lookahead": None}, env)
+    assert cfg.selection.mass == 0.7 and cfg.lookahead == 3 and cfg.selection.chunk_size == 32
+
+
+def test_env_parsing_and_errors():
+    cfg = build(PrefillPolicy, {}, {"SPECGATE_BREAK_EVEN": "off", "SPECGATE_GUARD_KEYWORDS": "a_,b_"})
+    assert cfg.break_even is False and cfg.guard_keywords == ("a_", "b_")
+    with pytest.raises(ConfigError, match="SPECGATE_MASS"):
+        build(PrefillPolicy, {}, {"SPECGATE_MASS": "lots"})
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"mass": 0.0}, {"mass": 1.5}, {"select_mode": "best"}, {"position_mode": "shifted"},
+    {"chunk_size": 0}, {"keep_fraction": 0}, {"guard_mode": "ignore"}, {"lookahead": -1}, {"gamma": 0},
+    {"specattn_p": 1.5},
+])
+def test_policy_validation(kwargs):
+    with pytest.raises(ConfigError):
+        override(TurnParams(), **kwargs)
+
+
+def test_sampling_and_engine_validation():
+    with pytest.raises(ConfigError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ConfigError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ConfigError, match="n_ubatch"):
+        EngineConfig(n_batch=64, n_ubatch=128)
+    assert EngineConfig(n_ctx=1024).speculator_n_ctx == 1024
+
+
+def test_override_validates():
+    base = PrefillPolicy()
+    assert override(base, mass=None) is base
+    assert override(base, mass=0.5).selection.mass == 0.5
+    with pytest.raises(ConfigError):
+        override(base, mass=2.0)
+    with pytest.raises(ConfigError, match="specattn"):
+        override(base, specattn=True)  # a decoding field is not a prefill field
+
+
+def test_nested_configs_build_from_flat_flags_and_env():
+    cfg = build(ServeConfig, {"port": "9000", "keep_fraction": "0.4", "specattn": "yes"},
+                {"SPECGATE_SELECT_MODE": "chunk", "SPECGATE_N_CTX": "2048"})
+    assert cfg.gateway.port == 9000 and cfg.engine.n_ctx == 2048
+    assert cfg.prefill.selection == Selection(select_mode="chunk", keep_fraction=0.4)
+    assert cfg.decoding == DecodingPolicy(specattn=True) and cfg.decoding.mode == "specattn"
+    turn = override(TurnParams(), enabled=False, max_keep=64, gamma=2, max_tokens=7)
+    assert (turn.prefill.enabled, turn.prefill.selection.max_keep) == (False, 64)
+    assert (turn.decoding.gamma, turn.sampling.max_tokens) == (2, 7)

@@ -1,0 +1,55 @@
+"""The eval harness's pure parts: task generation and the statistics."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from core.config import PrefillPolicy, Selection
+from evals.answer_quality import Setting, kept_for, retention_ci, settings, wilson
+from evals.tasks import FAMILIES, generate
+
+
+def test_tasks_are_deterministic_and_carry_their_answer():
+    a, b = generate(2, 7, 300), generate(2, 7, 300)
+    assert [t.messages for t in a] == [t.messages for t in b]
+    assert {t.family for t in a} == set(FAMILIES) and len(a) == 10
+    assert generate(1, 8, 300)[0].messages != a[0].messages
+    for t in a:
+        text = " ".join(m["content"] for m in t.messages)
+        assert t.expected in text, t.id
+
+
+def test_wilson_interval():
+    lo, hi = wilson(8, 10)
+    assert 0.49 < lo < 0.5 and 0.94 < hi < 0.95
+    assert wilson(0, 0) == (0.0, 0.0)
+    assert wilson(10, 10)[1] == 1.0
+
+
+def test_retention_ci_brackets_the_ratio():
+    dense = [True] * 18 + [False] * 2
+    sparse = [True] * 15 + [False] * 5
+    lo, hi = retention_ci(dense, sparse)
+    assert lo < 15 / 18 < hi <= 1.2
+
+
+def test_kept_for_uses_only_the_requested_lookahead_steps():
+    n = 256
+    late = np.zeros((1, 1, n + 8), dtype=np.float32)
+    late[0, 0, 192:224] = 1.0
+    early = np.zeros((1, 1, n), dtype=np.float32)
+    early[0, 0, 64:96] = 1.0
+    steps = [early, late, late]
+    policy = PrefillPolicy(boost_first_mult=1.0, boost_last_mult=1.0)
+    one = kept_for(steps, n, Setting("x", lookahead=0, pool=0, selection=Selection(mass=0.5)), policy)
+    assert set(range(64, 96)) <= set(one.tolist()) and 200 not in one
+    more = kept_for(steps, n, Setting("x", lookahead=2, pool=0, selection=Selection(mass=0.5)), policy)
+    assert set(range(192, 224)) <= set(more.tolist())
+
+
+def test_grid_covers_the_issue_settings():
+    names = {s.name for s in settings(False, (6, 12))}
+    for mode in ("original", "compact"):
+        for part in ("mass0.7", "mass0.85", "mass0.95", "chunk0.1", "chunk0.2", "chunk0.3", "la1", "la4", "nopool"):
+            assert f"{part}-{mode}" in names
+    assert {"K6-original", "K12-original"} <= names

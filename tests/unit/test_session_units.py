@@ -1,0 +1,114 @@
+"""Session building blocks without models: parked KV, scheduler, metadata stores."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from core.errors import QueueFull, StoreUnavailable
+from sessions.metadata import MemoryStore, RedisStore
+from sessions.parked_kv import ParkedKV
+from sessions.scheduler import FairScheduler
+
+
+def test_parked_kv_lru_budget_and_drop():
+    kv = ParkedKV(budget_bytes=100)
+    assert kv.put("a", (b"x" * 30, b"y" * 10)) == []
+    assert kv.put("b", (b"x" * 40, b"")) == []
+    assert kv.bytes_in_ram == 80
+    assert kv.take("a") == (b"x" * 30, b"y" * 10)  # taking refreshes nothing: a is gone from RAM
+    kv.put("a", (b"x" * 30, b"y" * 10))
+    assert kv.put("c", (b"z" * 50, b"")) == ["b"]  # b is least recently stored
+    assert kv.where("b") == "none" and kv.take("b") is None
+    assert kv.bytes_in_ram == 90 and kv.evictions == 1
+
+
+def test_parked_kv_spills_to_disk(tmp_path):
+    kv = ParkedKV(budget_bytes=10, spill_dir=str(tmp_path))
+    kv.put("a", (b"targ", b"spec"))
+    assert kv.put("b", (b"0123456789", b"")) == ["a"]
+    assert kv.where("a") == "disk"
+    assert kv.take("a") == (b"targ", b"spec")
+    assert kv.where("a") == "none"
+    kv.discard("b")
+    assert kv.bytes_in_ram == 0
+
+
+async def test_scheduler_round_robin_and_bound():
+    sched = FairScheduler(max_pending=5)
+    order: list[str] = []
+    gate = asyncio.Event()
+
+    def job(name: str):
+        async def run():
+            if name == "first":
+                await gate.wait()
+            order.append(name)
+            return name
+        return run
+
+    sched.start()
+    first = asyncio.create_task(sched.submit("x", job("first")))
+    await asyncio.sleep(0.01)
+    waits = [asyncio.create_task(sched.submit(k, job(f"{k}{i}"))) for k, i in
+             [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1)]]
+    await asyncio.sleep(0.01)
+    with pytest.raises(QueueFull):
+        await sched.submit("d", job("d1"))
+    gate.set()
+    await asyncio.gather(first, *waits)
+    assert order == ["first", "a1", "b1", "c1", "a2", "a3"]
+    await sched.stop()
+
+
+async def test_scheduler_delivers_exceptions_and_skips_cancelled():
+    sched = FairScheduler(max_pending=10)
+    sched.start()
+
+    async def boom():
+        raise ValueError("bad")
+
+    with pytest.raises(ValueError, match="bad"):
+        await sched.submit("a", boom)
+    ran = []
+
+    async def slow():
+        await asyncio.sleep(0.05)
+        ran.append("slow")
+
+    async def never():
+        ran.append("never")
+
+    t1 = asyncio.create_task(sched.submit("a", slow))
+    await asyncio.sleep(0.01)
+    t2 = asyncio.create_task(sched.submit("b", never))
+    await asyncio.sleep(0.01)
+    t2.cancel()
+    await t1
+    await asyncio.sleep(0.01)
+    assert ran == ["slow"]
+    await sched.stop()
+
+
+async def test_memory_store_ttl():
+    store = MemoryStore(ttl_s=1)
+    await store.save("s", {"id": "s", "turns": 2})
+    assert (await store.load("s"))["turns"] == 2
+    store._data["s"] = (0.0, store._data["s"][1])  # expire it
+    assert await store.load("s") is None
+    assert not await store.delete("s")
+
+
+async def test_redis_store_roundtrip_ttl_and_outage(redis_server):
+    store = RedisStore(redis_server.url, ttl_s=120)
+    await store.save("abc", {"id": "abc", "turns": 1})
+    assert (await store.load("abc")) == {"id": "abc", "turns": 1}
+    assert 0 < redis_server.client.ttl("specgate:session:abc") <= 120
+    assert await store.delete("abc") and await store.load("abc") is None
+    await store.close()
+    dead = RedisStore("redis://127.0.0.1:1/0", ttl_s=10)
+    assert not await dead.ping()
+    with pytest.raises(StoreUnavailable, match="redis"):
+        await dead.load("x")
+    await dead.close()
