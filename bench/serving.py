@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 import orjson
 
-from core.config import EngineConfig
 from bench.common import free_port, progress, write_result
 from bench.textgen import WORDS_PER_TOKEN, filler
+from core.config import EngineConfig
 
 TOOL_TOKENS = [3000, 700, 2000, 500, 1500, 1000]
 QUICK_TOOL_TOKENS = [1200, 500, 800]

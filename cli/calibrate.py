@@ -6,10 +6,10 @@ import argparse
 import time
 from pathlib import Path
 
+from cli.prefill import engine_config
 from core import corpus, layer_map
 from core.errors import ConfigError
 from core.llama_bindings import Model
-from cli.prefill import engine_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

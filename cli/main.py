@@ -10,8 +10,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from core.config import (DecodingPolicy, EngineConfig, GatewayConfig, PrefillPolicy, SamplingParams, field_default,
-                         flat_fields)
+from core.config import (
+    DecodingPolicy,
+    EngineConfig,
+    GatewayConfig,
+    PrefillPolicy,
+    SamplingParams,
+    field_default,
+    flat_fields,
+)
 from core.errors import SpecGateError
 
 HELP = {
@@ -71,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pre = sub.add_parser("prefill", help="one-shot SpecPrefill of a prompt, with a per-phase table")
     prefill.add_arguments(pre)
-    for cls in (EngineConfig, PrefillPolicy, DecodingPolicy, SamplingParams):
-        add_dataclass_flags(pre, cls)
+    for one_shot in (EngineConfig, PrefillPolicy, DecodingPolicy, SamplingParams):
+        add_dataclass_flags(pre, one_shot)
     pre.set_defaults(func=prefill.run)
 
     cal = sub.add_parser("calibrate", help="measure SpecAttn's draft->target layer map for the model pair")
@@ -89,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     eval_p.set_defaults(func=eval_cli.run)
 
     srv = sub.add_parser("serve", help="run the HTTP/WebSocket gateway")
-    for cls in (GatewayConfig, EngineConfig, PrefillPolicy, DecodingPolicy):
-        add_dataclass_flags(srv, cls)
+    for served in (GatewayConfig, EngineConfig, PrefillPolicy, DecodingPolicy):
+        add_dataclass_flags(srv, served)
     srv.set_defaults(func=serve.run)
     return parser
 

@@ -22,12 +22,12 @@ from core.errors import EmptyPrompt, PromptTooLong, VocabMismatch
 from core.llama_bindings import AttentionCapture, Context, Model
 from core.prefill import sparse_prefill
 from core.prompt import Prompt
+from core.results import Result, Timings
 from core.scoring import importance
 from core.selection import runs, select_tokens
 from core.session_kv import SeqState, SessionKV, common_prefix
 from core.specattn import SparseVerify, layer_weights
 from core.speculative import SpeculativeDecoder
-from core.results import Result, Timings
 
 VOCAB_PROBE = "SpecGate probe: fn get_weather(city) -> {\"temp\": 21.5} 東京 ✓"
 CALIBRATION_TEXT = (

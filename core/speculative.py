@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.acceptance import accept_greedy, accept_stochastic, distribution, sample
 from core.config import SamplingParams
 from core.decode import Generation, OnText, TextStream
 from core.llama_bindings import VIEW_SEQ, AttentionCapture, Context
-from core.acceptance import accept_greedy, accept_stochastic, distribution, sample
-from core.specattn import SparseVerify, view_spans
 from core.results import SpeculativeStats
+from core.specattn import SparseVerify, view_spans
 
 DraftReady = Callable[[], tuple[list[int], int]]
 

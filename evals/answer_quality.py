@@ -9,7 +9,6 @@ scoring time and the overlap of their kept set with the full scorer's.
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
 import time

@@ -35,11 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from core import layer_map
+from core import corpus, layer_map
 from core.llama_bindings import VIEW_SEQ, AttentionCapture, Context, Model, QKCapture
 from core.selection import runs
 from core.specattn import layer_weights, select_cells
-from core import corpus
 
 SINKS = 4
 PAGE = 16

@@ -24,12 +24,12 @@ from core.config import TurnParams
 from core.decode import OnText
 from core.engine import Engine, Result
 from core.errors import SessionNotFound, StoreUnavailable
-from core.session_kv import SessionKV
 from core.prompt import Prompt
+from core.session_kv import SessionKV
 from core.worker import ModelWorker
+from sessions.metadata import MetadataStore
 from sessions.parked_kv import ParkedKV
 from sessions.scheduler import FairScheduler
-from sessions.metadata import MetadataStore
 
 log = structlog.get_logger("specgate.sessions")
 Render = Callable[[Engine], Prompt]  # runs on the model thread

@@ -12,8 +12,17 @@ import pytest
 from bench.common import free_port
 from bench.derived_models import derived
 from core import model_files
-from core.config import (DecodingPolicy, EngineConfig, GatewayConfig, PrefillPolicy, SamplingParams, Selection,
-                         ServeConfig, TurnParams, override)
+from core.config import (
+    DecodingPolicy,
+    EngineConfig,
+    GatewayConfig,
+    PrefillPolicy,
+    SamplingParams,
+    Selection,
+    ServeConfig,
+    TurnParams,
+    override,
+)
 
 # what the gateway tests serve by default: SpecPrefill on every prompt, no break-even
 TEST_PREFILL = PrefillPolicy(min_tokens=0, break_even=False, selection=Selection(mass=0.6))
@@ -123,9 +132,9 @@ class GatewayThread:
 
 
 def start_gateway(target: Path, speculator: Path, prefill: PrefillPolicy = TEST_PREFILL,
-                  decoding: DecodingPolicy = DecodingPolicy(), **gateway_kwargs: Any) -> GatewayThread:
+                  decoding: DecodingPolicy | None = None, **gateway_kwargs: Any) -> GatewayThread:
     gw = GatewayConfig(port=free_port(), **gateway_kwargs)
-    return GatewayThread(ServeConfig(gw, engine_config(target, speculator), prefill, decoding))
+    return GatewayThread(ServeConfig(gw, engine_config(target, speculator), prefill, decoding or DecodingPolicy()))
 
 
 def policy(**fields: Any) -> TurnParams:

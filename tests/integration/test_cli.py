@@ -24,11 +24,11 @@ def test_prefill_json_compare(tiny_target, tiny_speculator):
                    "--position-mode", "compact", stdin=NEEDLE)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    for key in ("answer", "status", "n_prompt", "n_kept", "position_mode", "scoring_ms", "prefill_ms",
+    for key in ("answer", "specprefill", "context_n", "prompt_n", "position_mode", "scoring_ms", "prompt_ms",
                 "ttft_ms", "dense_answer", "dense_ttft_ms", "speedup"):
         assert key in doc, key
-    assert doc["status"] == "active" and doc["position_mode"] == "compact"
-    assert 0 < doc["n_kept"] < doc["n_prompt"]
+    assert doc["specprefill"] == "active" and doc["position_mode"] == "compact"
+    assert 0 < doc["prompt_n"] < doc["context_n"]
     assert doc["speedup"] == pytest.approx(doc["dense_ttft_ms"] / doc["ttft_ms"], rel=1e-2)
 
 
@@ -47,10 +47,10 @@ def test_prefill_env_precedence(tiny_target, tiny_speculator, monkeypatch):
     monkeypatch.setenv("SPECGATE_SPECULATOR", str(tiny_speculator))
     monkeypatch.setenv("SPECGATE_MIN_TOKENS", "100000")
     out = specgate("prefill", "--max-tokens", "2", "--json", stdin=NEEDLE)
-    assert json.loads(out.stdout)["status"] == "skipped_min_tokens"
+    assert json.loads(out.stdout)["specprefill"] == "skipped_min_tokens"
     out = specgate("prefill", "--max-tokens", "2", "--json", "--min-tokens", "0", "--break-even", "0",
                    stdin=NEEDLE)
-    assert json.loads(out.stdout)["status"] == "active"
+    assert json.loads(out.stdout)["specprefill"] == "active"
 
 
 def test_clear_errors(tmp_path, tiny_target):

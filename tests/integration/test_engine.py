@@ -7,11 +7,11 @@ import pytest
 
 from core.chat import ChatTemplate
 from core.config import EngineConfig, SamplingParams
-from tests.support import policy, with_sampling
 from core.engine import Engine
 from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, VocabMismatch
 from core.prefill import dense_prefill, sparse_prefill
 from core.prompt import Prompt
+from tests.support import policy, with_sampling
 
 GREEDY = SamplingParams(max_tokens=8)
 ALWAYS = policy(min_tokens=0, break_even=False)
@@ -70,16 +70,17 @@ def test_active_run_reports_phases_and_selection(tiny_engine):
     prompt = long_prompt(tiny_engine)
     r = tiny_engine.run(prompt, with_sampling(ALWAYS, GREEDY))
     t = r.timings
-    assert t.status == "active"
-    assert t.n_prompt == len(prompt) and 0 < t.n_kept < t.n_prompt
+    assert t.specprefill == "active"
+    assert t.context_n == len(prompt) and 0 < t.prompt_n < t.context_n
     assert r.kept[:4].tolist() == [0, 1, 2, 3] and r.kept[-1] == len(prompt) - 1
-    assert t.spec_prefill_ms > 0 and t.lookahead_ms > 0 and t.prefill_ms > 0
-    assert t.ttft_ms >= t.scoring_ms + t.prefill_ms
-    assert 1 <= t.n_predicted <= GREEDY.max_tokens
+    assert t.speculator_prefill_ms > 0 and t.lookahead_ms > 0 and t.prompt_ms > 0
+    assert t.ttft_ms >= t.scoring_ms + t.prompt_ms
+    assert 1 <= t.predicted_n <= GREEDY.max_tokens
 
 
 def test_mass_one_keeps_all_and_says_so(tiny_engine):
-    r = tiny_engine.run(long_prompt(tiny_engine), with_sampling(policy(min_tokens=0, break_even=False, mass=1.0), GREEDY))
+    keep_all = policy(min_tokens=0, break_even=False, mass=1.0)
+    r = tiny_engine.run(long_prompt(tiny_engine), with_sampling(keep_all, GREEDY))
     assert r.timings.specprefill == "kept_all" and r.timings.prompt_n == r.timings.context_n
 
 

@@ -28,10 +28,10 @@ def test_plain_completion_with_timings_and_usage(gateway):
     assert resp.choices[0].message.role == "assistant"
     assert resp.usage.completion_tokens == 4 and resp.usage.prompt_tokens > 300
     t = resp.model_extra["timings"]
-    for key in ("specprefill", "prompt_n", "cache_n", "spec_prefill_n", "spec_cache_n", "kept_n", "scoring_ms",
-                "prefill_ms", "ttft_ms", "predicted_n", "predicted_ms"):
+    for key in ("specprefill", "prompt_n", "cache_n", "speculator_prefill_n", "speculator_cache_n", "scoring_ms",
+                "prompt_ms", "ttft_ms", "predicted_n", "predicted_ms"):
         assert key in t, key
-    assert t["specprefill"] == "active" and t["kept_n"] == t["prompt_n"] < resp.usage.prompt_tokens
+    assert t["specprefill"] == "active" and t["prompt_n"] < t["context_n"] == resp.usage.prompt_tokens
     assert resp.usage.prompt_tokens_details.cached_tokens == 0
 
 
@@ -59,14 +59,14 @@ def test_session_turns_prefill_only_the_delta_and_mirror_to_redis(gateway, redis
     msgs = [{"role": "system", "content": "You read logs."}, {"role": "user", "content": DOC + " Valve 3?"}]
     r1 = c.chat.completions.create(model="specgate", messages=msgs, max_tokens=5)
     t1 = r1.model_extra["timings"]
-    assert t1["spec_cache_n"] == 0 and t1["cache_n"] == 0 and t1["spec_prefill_n"] == t1["context_n"]
+    assert t1["speculator_cache_n"] == 0 and t1["cache_n"] == 0 and t1["speculator_prefill_n"] == t1["context_n"]
     msgs += [{"role": "assistant", "content": r1.choices[0].message.content},
              {"role": "user", "content": DOC[:400] + " And valve 4?"}]
     r2 = c.chat.completions.create(model="specgate", messages=msgs, max_tokens=5)
     t2 = r2.model_extra["timings"]
-    assert t2["spec_cache_n"] >= t1["context_n"] and t2["cache_n"] >= t1["context_n"]
-    assert t2["spec_prefill_n"] == t2["context_n"] - t2["spec_cache_n"]
-    assert t2["spec_prefill_n"] < t2["context_n"] - t1["context_n"] + 20
+    assert t2["speculator_cache_n"] >= t1["context_n"] and t2["cache_n"] >= t1["context_n"]
+    assert t2["speculator_prefill_n"] == t2["context_n"] - t2["speculator_cache_n"]
+    assert t2["speculator_prefill_n"] < t2["context_n"] - t1["context_n"] + 20
     assert r2.usage.prompt_tokens_details.cached_tokens == t2["cache_n"]
     stored = json.loads(redis_server.client.get(f"specgate:session:{sid}"))
     assert stored["turns"] == 2 and stored["last_status"] == t2["specprefill"]

@@ -101,11 +101,11 @@ def test_websocket_turns_cancel_and_errors(smol_gateway):
                 deltas, done = await ws_turn(ws, [{"role": "user", "content": doc(2) + " Which pump?"}])
                 assert done["type"] == "done" and "".join(deltas) == done["message"]["content"]
                 t1 = done["timings"]
-                assert t1["spec_cache_n"] == 0 and done["usage"]["completion_tokens"] == 8
+                assert t1["speculator_cache_n"] == 0 and done["usage"]["completion_tokens"] == 8
                 _, done2 = await ws_turn(ws, [{"role": "user", "content": "And pump 2?"}])
                 t2 = done2["timings"]
-                assert t2["spec_cache_n"] >= t1["context_n"] and t2["cache_n"] >= t1["context_n"]
-                assert t2["spec_prefill_n"] == t2["context_n"] - t2["spec_cache_n"] < 40
+                assert t2["speculator_cache_n"] >= t1["context_n"] and t2["cache_n"] >= t1["context_n"]
+                assert t2["speculator_prefill_n"] == t2["context_n"] - t2["speculator_cache_n"] < 40
                 await ws.send_str("{oops")
                 err = await ws.receive_json(timeout=10)
                 assert err["type"] == "error" and err["code"] == "invalid_request"

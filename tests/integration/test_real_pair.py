@@ -8,7 +8,7 @@ from core import model_files
 from core.chat import ChatTemplate
 from core.config import EngineConfig, SamplingParams
 from core.engine import Engine
-from tests.support import real_model, policy, with_sampling
+from tests.support import policy, real_model, with_sampling
 
 pytestmark = pytest.mark.real
 
@@ -34,9 +34,9 @@ def needle_messages() -> list[dict]:
 @pytest.mark.parametrize("mode", ["original", "compact"])
 def test_planted_fact_survives_sparse_prefill(qwen_pair, mode):
     prompt = ChatTemplate(qwen_pair.target).render(needle_messages())
-    policy = policy(min_tokens=0, break_even=False, select_mode="chunk", keep_fraction=0.3,
-                          position_mode=mode, lookahead=4)
-    r = qwen_pair.run(prompt, with_sampling(policy, SamplingParams(max_tokens=24)))
+    params = policy(min_tokens=0, break_even=False, select_mode="chunk", keep_fraction=0.3,
+                    position_mode=mode, lookahead=4)
+    r = qwen_pair.run(prompt, with_sampling(params, SamplingParams(max_tokens=24)))
     assert r.timings.specprefill == "active"
     assert r.timings.prompt_n < 0.6 * r.timings.context_n
     assert "TANGO-58" in r.text, r.text

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from core.chat import ChatTemplate
 from core.config import SamplingParams
-from tests.support import policy, with_sampling
 from core.session_kv import SessionKV, common_prefix
+from tests.support import policy, with_sampling
 
 GREEDY = SamplingParams(max_tokens=6)
 KEEP_ALL = policy(min_tokens=0, break_even=False, mass=1.0)
@@ -94,7 +94,8 @@ def test_saved_kv_restores_the_session(smol_engine):
     saved = tiny_engine.save_kv()
     assert len(saved[0]) > 0 and len(saved[1]) > 0
     tiny_engine.load_kv(None)
-    tiny_engine.run(chat.render([{"role": "user", "content": "Other session."}]), with_sampling(KEEP_ALL, GREEDY), kv=kv_b)
+    other = chat.render([{"role": "user", "content": "Other session."}])
+    tiny_engine.run(other, with_sampling(KEEP_ALL, GREEDY), kv=kv_b)
     tiny_engine.load_kv(saved)
     prompt = chat.render(conv[1])
     resumed = tiny_engine.run(prompt, with_sampling(KEEP_ALL, GREEDY), kv=kv_a)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from core.config import SamplingParams
-from tests.support import policy, with_sampling
 from core.session_kv import SessionKV
+from tests.support import policy, with_sampling
 
 PLAIN = policy(enabled=False)
 SPECULATIVE = policy(enabled=False, speculative=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.config import SamplingParams
 from core.acceptance import accept_greedy, accept_stochastic, distribution, sample
+from core.config import SamplingParams
 from core.specattn import SparseVerify, layer_weights, proportional_map, select_cells, view_spans
 
 

@@ -1,7 +1,16 @@
 import pytest
 
-from core.config import (DecodingPolicy, EngineConfig, PrefillPolicy, SamplingParams, Selection, ServeConfig,
-                         TurnParams, build, override)
+from core.config import (
+    DecodingPolicy,
+    EngineConfig,
+    PrefillPolicy,
+    SamplingParams,
+    Selection,
+    ServeConfig,
+    TurnParams,
+    build,
+    override,
+)
 from core.errors import ConfigError
 
 

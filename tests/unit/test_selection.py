@@ -3,7 +3,6 @@ from dataclasses import replace
 import numpy as np
 
 from core.config import Selection
-
 from core.selection import (
     cap_chunks,
     chunk_means,
