@@ -126,7 +126,7 @@ class EngineConfig:
     target: str = ""
     speculator: str = ""
     n_ctx: int = 8192
-    spec_n_ctx: int = 0  # 0 = same as n_ctx
+    speculator_n_ctx: int = 0  # 0 = same as n_ctx
     n_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     n_batch: int = 512
     n_ubatch: int = 512
@@ -136,14 +136,14 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
-        _require(self.spec_n_ctx >= 0, f"spec_n_ctx must be >= 0, got {self.spec_n_ctx}")
+        _require(self.speculator_n_ctx >= 0, f"speculator_n_ctx must be >= 0, got {self.speculator_n_ctx}")
         _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")
         _require(1 <= self.n_ubatch <= self.n_batch, "need 1 <= n_ubatch <= n_batch")
         _require(self.calibrate_tokens >= 0, "calibrate_tokens must be >= 0")
 
     @property
-    def speculator_n_ctx(self) -> int:
-        return self.spec_n_ctx or self.n_ctx
+    def speculator_ctx_len(self) -> int:
+        return self.speculator_n_ctx or self.n_ctx
 
 
 @dataclass(slots=True, frozen=True)

@@ -61,7 +61,7 @@ class Engine:
             self.target_ctx = Context(self.target, n_ctx=config.n_ctx, n_batch=config.n_batch,
                                       n_ubatch=config.n_ubatch, n_threads=config.n_threads,
                                       flash_attn=config.target_flash_attn, views=True)
-            self.speculator_ctx = Context(self.speculator, n_ctx=config.speculator_n_ctx, n_batch=config.n_batch,
+            self.speculator_ctx = Context(self.speculator, n_ctx=config.speculator_ctx_len, n_batch=config.n_batch,
                                     n_ubatch=config.n_ubatch, n_threads=config.n_threads,
                                     flash_attn=False, capture=self.capture)
         except Exception:

@@ -160,13 +160,13 @@ def test_specattn_in_a_session_reports_its_timings_and_matches_plain(smol_gatewa
     msgs = [{"role": "user", "content": doc(3) + " Which pump ran longest?"}]
     plain = chat(smol_gateway, msgs, max_tokens=24)
     sid = new_session(smol_gateway)
-    spec = chat(smol_gateway, msgs, session=sid, max_tokens=24, specattn={"p": 1.0, "gamma": 3})
-    assert spec["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
-    t = spec["timings"]
+    speculative = chat(smol_gateway, msgs, session=sid, max_tokens=24, specattn={"p": 1.0, "gamma": 3})
+    assert speculative["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+    t = speculative["timings"]
     assert t["decode_mode"] == "specattn" and plain["timings"]["decode_mode"] == "plain"
     assert t["draft_n"] > 0 and t["draft_acceptance"] > 0.9  # the draft is the target here
     assert t["kv_cells_attended"] == t["kv_cells_total"] > 0 and t["kv_selected_fraction"] == 1.0
-    follow = msgs + [spec["choices"][0]["message"], {"role": "user", "content": doc(4) + " And pump 2?"}]
+    follow = msgs + [speculative["choices"][0]["message"], {"role": "user", "content": doc(4) + " And pump 2?"}]
     sparse = chat(smol_gateway, follow, session=sid, max_tokens=12, specattn={"p": 0.6})
     ts = sparse["timings"]
     assert ts["cache_n"] > 0 and ts["kv_cells_attended"] < ts["kv_cells_total"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from core import model_files
@@ -70,5 +72,26 @@ def test_openai_client_tool_call_round_trip_on_the_real_pair():
         streamed = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
         assert streamed[0].function.name == "get_weather"
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        ws_call, kept = asyncio.run(ws_tool_turn(gw, question, tools))
+        assert ws_call["function"]["name"] == "get_weather"
+        assert kept == ws_call  # the history keeps the very call (and id) the client was sent
     finally:
         gw.stop()
+
+
+async def ws_tool_turn(gw, question, tools):
+    """A WebSocket turn that answers with a tool call: the call in the ``done`` event and the
+    call the session's stored history holds."""
+    import aiohttp
+    import httpx
+
+    from gateway import keys
+
+    sid = httpx.post(gw.base + "/v1/sessions", json={}).json()["id"]
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{gw.base}/v1/sessions/{sid}/ws") as ws:
+        await ws.send_json({"type": "turn", "messages": question, "tools": tools, "max_tokens": 64})
+        while (event := await ws.receive_json(timeout=300))["type"] == "delta":
+            assert not event["content"].lstrip().startswith(("<tool_call>", "{"))
+    assert event["type"] == "done" and event["finish_reason"] == "tool_calls"
+    session = gw.call(gw.app[keys.MANAGER].get(sid))  # on the gateway's own loop
+    return event["message"]["tool_calls"][0], session.messages[-1]["tool_calls"][0]

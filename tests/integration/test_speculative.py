@@ -27,10 +27,10 @@ def run(engine, messages, policy, sampling, kv=None):
 def test_greedy_speculative_equals_plain_decoding(smol_pair_engine, policy):
     greedy = SamplingParams(max_tokens=48)
     plain = run(smol_pair_engine, STORY, PLAIN, greedy)
-    spec = run(smol_pair_engine, STORY, policy, greedy)
-    assert spec.tokens == plain.tokens and spec.text == plain.text
-    t = spec.timings.speculative
-    assert spec.timings.decode_mode == policy.decoding.mode
+    speculative = run(smol_pair_engine, STORY, policy, greedy)
+    assert speculative.tokens == plain.tokens and speculative.text == plain.text
+    t = speculative.timings.speculative
+    assert speculative.timings.decode_mode == policy.decoding.mode
     assert 0 < t.n_accepted < t.n_drafted  # the truncated draft is right sometimes, not always
     assert t.cells_attended == t.cells_total  # p=1 (or dense) attends every cell
 
@@ -38,16 +38,16 @@ def test_greedy_speculative_equals_plain_decoding(smol_pair_engine, policy):
 def test_identical_draft_is_almost_always_accepted(smol_engine):
     greedy = SamplingParams(max_tokens=40)
     plain = run(smol_engine, STORY, PLAIN, greedy)
-    spec = run(smol_engine, STORY, SPECULATIVE, greedy)
-    assert spec.tokens == plain.tokens
-    assert spec.timings.speculative.accept_rate > 0.9
-    assert spec.timings.speculative.n_drafted >= 4 * (len(spec.tokens) // 5)
+    speculative = run(smol_engine, STORY, SPECULATIVE, greedy)
+    assert speculative.tokens == plain.tokens
+    assert speculative.timings.speculative.accept_rate > 0.9
+    assert speculative.timings.speculative.n_drafted >= 4 * (len(speculative.tokens) // 5)
 
 
 def test_speculative_respects_max_tokens_and_stop(smol_pair_engine):
     plain = run(smol_pair_engine, STORY, PLAIN, SamplingParams(max_tokens=7))
-    spec = run(smol_pair_engine, STORY, SPECULATIVE, SamplingParams(max_tokens=7))
-    assert spec.tokens == plain.tokens and len(spec.tokens) == 7 and spec.finish_reason == "length"
+    speculative = run(smol_pair_engine, STORY, SPECULATIVE, SamplingParams(max_tokens=7))
+    assert speculative.tokens == plain.tokens and len(speculative.tokens) == 7 and speculative.finish_reason == "length"
     word = plain.text.split()[3]
     stopped = run(smol_pair_engine, STORY, SPECULATIVE, SamplingParams(max_tokens=40, stop=(word,)))
     assert stopped.finish_reason == "stop" and word not in stopped.text

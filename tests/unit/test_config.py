@@ -44,7 +44,8 @@ def test_sampling_and_engine_validation():
         SamplingParams(top_p=0)
     with pytest.raises(ConfigError, match="n_ubatch"):
         EngineConfig(n_batch=64, n_ubatch=128)
-    assert EngineConfig(n_ctx=1024).speculator_n_ctx == 1024
+    assert EngineConfig(n_ctx=1024).speculator_ctx_len == 1024
+    assert EngineConfig(n_ctx=1024, speculator_n_ctx=512).speculator_ctx_len == 512
 
 
 def test_override_validates():
