@@ -64,7 +64,7 @@ class ChatTemplate:
         for i, message in enumerate(messages):
             prefix = self.render_text(messages[: i + 1], tools, add_generation_prompt=False)
             end = min(len(tokens), len(self.model.tokenize(prefix, add_special=True, parse_special=True)))
-            spans.append(Span(message["role"], start, end))
+            spans.append(Span(message["role"], start, end, bool(message.get("tool_calls"))))
             start = end
         return Prompt(tuple(tokens), tuple(spans), has_tools=bool(tools), has_grammar=has_grammar)
 

@@ -18,7 +18,7 @@ from core.errors import ConfigError
 
 SELECT_MODES = ("mass", "chunk")
 POSITION_MODES = ("original", "compact")
-GUARD_MODES = ("skip", "conservative")
+GUARD_MODES = ("structural", "skip")
 DEFAULT_GUARD_KEYWORDS = (
     '"function"', '"tool"', "function", "tool_call", "<tools>", "get_", "set_",
     "search_", "create_", "update_", "delete_", "list_", "run_",
@@ -76,8 +76,10 @@ class PrefillPolicy:
     min_tokens: int = 1024
     break_even: bool = True
     safety: float = 1.2
-    guard_mode: str = "skip"
-    guard_scan_tokens: int = 256
+    guard_mode: str = "structural"  # see core/guard.py and README "The tool guard"
+    guard_scan_tokens: int = 256  # a raw prompt's head that the keyword scan reads
+    guard_header_tokens: int = 32  # leading tokens of each tool result kept dense
+    guard_user_tokens: int = 256  # trailing tokens of the latest user message kept dense
     guard_keywords: tuple[str, ...] = DEFAULT_GUARD_KEYWORDS
     selection: Selection = field(default_factory=Selection)
 
@@ -91,6 +93,8 @@ class PrefillPolicy:
         _require(self.safety > 0, f"safety must be > 0, got {self.safety}")
         _one_of("guard_mode", self.guard_mode, GUARD_MODES)
         _require(self.guard_scan_tokens >= 0, "guard_scan_tokens must be >= 0")
+        _require(self.guard_header_tokens >= 0 and self.guard_user_tokens >= 0,
+                 "guard_header_tokens and guard_user_tokens must be >= 0")
 
 
 class DecodeMode(enum.StrEnum):
@@ -175,6 +179,7 @@ class GatewayConfig:
     model_name: str = "specgate"
     redis_url: str = ""  # empty = the in-process store
     session_ttl_s: int = 86400
+    auto_create_sessions: bool = True  # an unknown X-Session-Id on a chat request creates the session
     kv_budget_mb: int = 2048
     kv_spill_dir: str = ""
     max_queue: int = 64

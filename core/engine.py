@@ -128,9 +128,9 @@ class Engine:
             raise PromptTooLong(n, limit)
 
     def plan(self, prompt: Prompt, policy: PrefillPolicy, n_select: int, n_score: int) -> planner.Plan:
-        n_head = min(policy.guard_scan_tokens, len(prompt))
-        head = self.target.detokenize(prompt.tokens[:n_head], special=True)
-        verdict = tool_guard.inspect(prompt, head, n_head, policy.guard_keywords)
+        scanned = "".join(self.target.detokenize(prompt.tokens[a:b], special=True)
+                          for a, b in tool_guard.scan_spans(prompt, policy.guard_scan_tokens))
+        verdict = tool_guard.inspect(prompt, scanned, policy)
         return planner.plan(n_select, n_score, policy, verdict, self.speeds)
 
     def score(self, kv: SeqState, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings) -> np.ndarray:
@@ -144,7 +144,7 @@ class Engine:
         prompt token's row and ``lookahead`` greedy steps: [n_layer, n_head, n_keys] each."""
         ctx, n = self.speculator_ctx, len(tokens)
         t0 = time.perf_counter()
-        base = self._sync_speculator(kv, tokens[:-1])
+        base = self._sync_speculator(kv, tokens[:-1], t)
         t1 = time.perf_counter()
         steps = []
         tok = tokens[-1]
@@ -158,6 +158,7 @@ class Engine:
             tok = int(np.argmax(ctx.logits()))
         ctx.remove_from(base + 1)  # lookahead tokens are not context
         kv.extend([tokens[-1]], [base])
+        t.speculator_prefill_n += 1
         t2 = time.perf_counter()
         t.speculator_prefill_ms = (t1 - t0) * 1e3
         t.lookahead_ms = (t2 - t1) * 1e3
@@ -170,7 +171,7 @@ class Engine:
         if n_keep < len(kv.tokens):
             ctx.remove_from(kv.truncate(n_keep))
 
-    def _sync_speculator(self, kv: SeqState, tokens: Sequence[int]) -> int:
+    def _sync_speculator(self, kv: SeqState, tokens: Sequence[int], t: Timings) -> int:
         """Bring the speculator's cache to exactly ``tokens``; returns the next position.
         Every such prefill also refreshes the measured speculator speed."""
         ctx = self.speculator_ctx
@@ -182,6 +183,7 @@ class Engine:
             ctx.decode(delta, base, logits_last=False)
             self.speeds.observe_speculator_prefill(len(delta), time.perf_counter() - t0)
             kv.extend(delta, range(base, base + len(delta)))
+            t.speculator_prefill_n += len(delta)
         return base + len(delta)
 
     def run(self, prompt: Prompt, params: TurnParams, on_text: OnText | None = None,
@@ -203,7 +205,7 @@ class Engine:
         self._rollback(self.target_ctx, kv.target, q)
         delta = tokens[q:]
         t = Timings(position_mode=policy.position_mode, context_n=n, cache_n=q,
-                    speculator_cache_n=p, speculator_prefill_n=n - p)
+                    speculator_cache_n=p)
         decision = self.plan(prompt, policy, n_select=len(delta), n_score=n - p)
         t.specprefill, t.specprefill_reason = decision.status.value, decision.reason
         kept = np.arange(len(delta))
@@ -219,10 +221,10 @@ class Engine:
         gen = self.prefill_and_decode(kv, delta, kept, params, on_text, t, tokens)
         t.ttft_ms = t.scoring_ms + t.prompt_ms + gen.first_token_s * 1e3
         if persistent:
-            # keep the speculator in step (prompt + reply) so the next turn scores only its delta
-            self._sync_speculator(kv.speculator, tokens + tuple(gen.tokens[: gen.n_decoded]))
-        else:
-            t.speculator_prefill_n = n - p if decision.score else 0
+            # the speculator catches up on what it lacks (a skipped turn, the reply) only when a
+            # later turn scores: never on this reply's path
+            context = tokens + tuple(gen.tokens[: gen.n_decoded])
+            t.speculator_deferred_n = len(context) - common_prefix(kv.speculator.tokens, context)
         return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q)
 
     def prefill_and_decode(self, kv_all: SessionKV, delta: tuple[int, ...], kept: np.ndarray,
@@ -260,7 +262,7 @@ class Engine:
         def draft_ready() -> tuple[list[int], int]:
             t0 = time.perf_counter()
             if kv.speculator.tokens != list(prompt):
-                base = self._sync_speculator(kv.speculator, prompt[:-1])
+                base = self._sync_speculator(kv.speculator, prompt[:-1], t)
                 pending, pos = [prompt[-1]], base
             else:
                 pending, pos = [], kv.speculator.next_pos

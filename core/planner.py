@@ -90,16 +90,14 @@ def plan(n_select: int, n_score: int, policy: PrefillPolicy, guard: GuardVerdict
     if n_select < policy.min_tokens:
         return Plan(Status.SKIPPED_MIN_TOKENS,
                     f"{n_select} new tokens < min_tokens {policy.min_tokens}", False)
-    protected: tuple[tuple[int, int], ...] = ()
-    if guard.triggered:
-        if policy.guard_mode == "skip":
-            return Plan(Status.SKIPPED_TOOL_GUARD, guard.reason, False)
-        protected = guard.spans
+    if guard.triggered and policy.guard_mode == "skip":
+        return Plan(Status.SKIPPED_TOOL_GUARD, guard.reason, False)
+    protected = guard.spans
     if policy.break_even and speeds.calibrated:
         estimate = break_even(n_score, n_select, policy.lookahead, speeds, policy.safety)
         if not estimate.worth_it:
             return Plan(Status.SKIPPED_BREAK_EVEN,
                         f"saves ~{estimate.saved_s:.2f}s < scoring ~{estimate.scoring_s:.2f}s"
                         f" x {policy.safety}", False)
-    reason = "guarded: tool spans kept dense" if protected else "scoring"
+    reason = f"scoring; kept dense: {guard.kept}" if protected else "scoring"
     return Plan(Status.ACTIVE, reason, True, protected)

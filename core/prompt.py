@@ -7,9 +7,12 @@ from dataclasses import dataclass
 
 @dataclass(slots=True, frozen=True)
 class Span:
+    """One message's tokens, the template's tokens around it included."""
+
     role: str
     start: int
     end: int
+    tool_calls: bool = False  # an assistant message that calls tools
 
 
 @dataclass(slots=True, frozen=True)

@@ -75,7 +75,7 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
     manager = SessionManager(app[keys.WORKER], app[keys.STORE], parked, scheduler)
     metrics = app[keys.METRICS]
     app[keys.SCHEDULER], app[keys.PARKED], app[keys.MANAGER] = scheduler, parked, manager
-    app[keys.RUNNER] = TurnRunner(manager, metrics)
+    app[keys.RUNNER] = TurnRunner(manager, metrics, cfg.auto_create_sessions)
     metrics.gauges.update({
         "specgate_live_sessions": lambda: manager.live,
         "specgate_kv_bytes_ram": lambda: parked.bytes_in_ram,

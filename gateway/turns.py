@@ -54,12 +54,18 @@ class Turn:
 
 
 class TurnRunner:
-    def __init__(self, manager: SessionManager, metrics: Metrics) -> None:
+    def __init__(self, manager: SessionManager, metrics: Metrics, auto_create: bool) -> None:
         self.manager = manager
         self.metrics = metrics
+        self.auto_create = auto_create
 
     async def session_for(self, session_id: str | None) -> Session | None:
-        return await self.manager.get(session_id) if session_id else None
+        """The named session (created on first use when so configured); None: stateless."""
+        if not session_id:
+            return None
+        if self.auto_create:
+            return await self.manager.get_or_create(session_id)
+        return await self.manager.get(session_id)
 
     def start(self, request: ChatRequest, session: Session | None) -> Turn:
         turn = Turn(request, session)

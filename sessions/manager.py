@@ -12,6 +12,7 @@ the next successful write.
 from __future__ import annotations
 
 import enum
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -23,7 +24,7 @@ import structlog
 from core.config import TurnParams
 from core.decode import OnText
 from core.engine import Engine, Result
-from core.errors import SessionNotFound, StoreUnavailable
+from core.errors import InvalidRequest, SessionNotFound, StoreUnavailable
 from core.prompt import Prompt
 from core.session_kv import SessionKV
 from core.worker import ModelWorker
@@ -32,6 +33,7 @@ from sessions.parked_kv import ParkedKV
 from sessions.scheduler import FairScheduler
 
 log = structlog.get_logger("specgate.sessions")
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 Render = Callable[[Engine], Prompt]  # runs on the model thread
 
 
@@ -46,6 +48,13 @@ class KVLocation(enum.StrEnum):
     RAM = "ram"
     DISK = "disk"
     EVICTED = "evicted"  # dropped: the next turn rebuilds it
+
+
+def check_id(session_id: str) -> str:
+    """Client-chosen ids are ASCII letters, digits, '-' and '_' (they name files and keys)."""
+    if not isinstance(session_id, str) or not SESSION_ID.fullmatch(session_id):
+        raise InvalidRequest("a session id must be 1-128 ASCII letters, digits, '-' or '_'")
+    return session_id
 
 
 @dataclass(slots=True)
@@ -114,11 +123,19 @@ class SessionManager:
 
     # -- lifecycle -------------------------------------------------------------
     async def create(self, session_id: str | None = None) -> Session:
-        session = Session(id=session_id or f"sess-{uuid.uuid4().hex[:16]}")
+        session = Session(id=check_id(session_id) if session_id is not None else f"sess-{uuid.uuid4().hex[:16]}")
         await self.mirror(session, strict=True)  # a session nobody else can see is not created
-        self._sessions[session.id] = session
+        created = self._sessions.setdefault(session.id, session)  # a concurrent create of the id wins once
         log.info("session_created", session_id=session.id)
-        return session
+        return created
+
+    async def get_or_create(self, session_id: str) -> Session:
+        """The session named ``session_id``, created on first use (clients that speak only
+        the OpenAI API cannot call ``POST /v1/sessions`` first)."""
+        try:
+            return await self.get(session_id)
+        except SessionNotFound:
+            return await self.create(session_id)
 
     async def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)

@@ -99,14 +99,18 @@ def test_planner_statuses_through_the_engine(tiny_engine):
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
                                                "parameters": {"type": "object", "properties": {}}}}]
     tool_prompt = ChatTemplate(tiny_engine.target).render(
-        [{"role": "user", "content": "What is the weather? " * 40}], tools)
-    guarded = tiny_engine.run(tool_prompt, with_sampling(ALWAYS, GREEDY))
-    assert guarded.timings.specprefill == "skipped_tool_guard"
-    assert guarded.timings.prompt_n == len(tool_prompt)
-    conservative = tiny_engine.run(tool_prompt, with_sampling(policy(min_tokens=0, break_even=False,
-                                                             guard_mode="conservative", mass=0.3), GREEDY))
+        [{"role": "user", "content": "What is the weather? " * 150}], tools)
+    skipped = tiny_engine.run(tool_prompt, with_sampling(policy(min_tokens=0, break_even=False, guard_mode="skip"),
+                                                         GREEDY))
+    assert skipped.timings.specprefill == "skipped_tool_guard"
+    assert skipped.timings.prompt_n == len(tool_prompt)
+    structural = tiny_engine.run(tool_prompt, with_sampling(policy(min_tokens=0, break_even=False, mass=0.3),
+                                                            GREEDY))
+    assert structural.timings.specprefill == "active"
+    assert "system prompt and tool definitions" in structural.timings.specprefill_reason
     system = next(s for s in tool_prompt.spans if s.role == "system")
-    assert set(range(system.start, system.end)) <= set(conservative.kept.tolist())
+    assert set(range(system.start, system.end)) <= set(structural.kept.tolist())
+    assert structural.timings.prompt_n < len(tool_prompt)
 
 
 def test_stop_strings_and_max_tokens(tiny_engine):

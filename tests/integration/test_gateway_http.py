@@ -9,6 +9,8 @@ import httpx
 import openai
 import pytest
 
+from gateway import keys
+
 DOC = " ".join(f"Entry {k}: valve {k % 6} pressure {k * 7 + 2} kPa." for k in range(40))
 
 
@@ -79,6 +81,30 @@ def test_session_turns_prefill_only_the_delta_and_mirror_to_redis(gateway, redis
     assert httpx.get(f"{gateway.base}/v1/sessions/{sid}").status_code == 404
 
 
+def test_an_unknown_session_id_is_created_on_first_use(gateway):
+    """A client that has only the openai SDK names its session in a header and never calls
+    POST /v1/sessions; with auto-creation off, the same request is a 404."""
+    sid = "agent-run-7"
+    c = client(gateway, default_headers={"X-Session-Id": sid})
+    msgs = [{"role": "user", "content": DOC + " Valve 3?"}]
+    first = c.chat.completions.create(model="specgate", messages=msgs, max_tokens=3)
+    assert first.model_extra["session_id"] == sid and first.model_extra["timings"]["cache_n"] == 0
+    msgs += [{"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "And valve 4?"}]
+    second = c.chat.completions.create(model="specgate", messages=msgs, max_tokens=3)
+    assert second.model_extra["timings"]["cache_n"] >= first.model_extra["timings"]["context_n"]
+    assert httpx.get(f"{gateway.base}/v1/sessions/{sid}").json()["turns"] == 2
+    runner = gateway.app[keys.RUNNER]
+    runner.auto_create = False
+    try:
+        status, code, _ = error_of(httpx.post(gateway.base + "/v1/chat/completions", headers={"X-Session-Id": "nope"},
+                                              json={"messages": [{"role": "user", "content": "x"}]}))
+        assert (status, code) == (404, "session_not_found")
+    finally:
+        runner.auto_create = True
+    assert httpx.delete(f"{gateway.base}/v1/sessions/{sid}").status_code == 200
+
+
 def error_of(resp: httpx.Response) -> tuple[int, str, str]:
     body = resp.json()["error"]
     return resp.status_code, body["code"], body["message"]
@@ -93,9 +119,9 @@ def test_bad_input_gets_precise_errors(gateway):
     assert (status, code) == (400, "invalid_parameter") and "temperature" in msg
     status, code, msg = error_of(httpx.post(url, json={"messages": [{"role": "wizard", "content": "x"}]}))
     assert status == 400 and "role" in msg
-    status, code, _ = error_of(httpx.post(url, headers={"X-Session-Id": "sess-nope"},
-                                          json={"messages": [{"role": "user", "content": "x"}]}))
-    assert (status, code) == (404, "session_not_found")
+    status, code, msg = error_of(httpx.post(url, headers={"X-Session-Id": "../../tmp/x"},
+                                            json={"messages": [{"role": "user", "content": "x"}]}))
+    assert (status, code) == (400, "invalid_request") and "session id" in msg
     status, code, msg = error_of(httpx.post(url, json={"messages": [{"role": "user", "content": "word " * 5000}]}))
     assert (status, code) == (400, "context_length_exceeded") and "5" in msg and "4095" in msg
     with pytest.raises(openai.BadRequestError):

@@ -64,7 +64,10 @@ def test_openai_client_tool_call_round_trip_on_the_real_pair():
         call = reply.choices[0].message.tool_calls[0]
         assert call.function.name == "get_weather"
         assert json.loads(call.function.arguments)["city"] == "Oslo"
-        assert reply.model_extra["timings"]["specprefill"] in ("skipped_tool_guard", "skipped_min_tokens")
+        # the test gateway scores every prompt (min_tokens 0): with tools offered, the structural
+        # guard keeps the tool definitions dense and the call still parses
+        t = reply.model_extra["timings"]
+        assert t["specprefill"] in ("active", "kept_all") and "tool definitions" in t["specprefill_reason"]
         stream = client.chat.completions.create(model="specgate", messages=question, tools=tools, max_tokens=64,
                                                 stream=True)
         chunks = [c for c in stream if c.choices]

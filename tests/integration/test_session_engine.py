@@ -9,7 +9,7 @@ from tests.support import policy, with_sampling
 
 GREEDY = SamplingParams(max_tokens=6)
 KEEP_ALL = policy(min_tokens=0, break_even=False, mass=1.0)
-SPARSE = policy(min_tokens=0, break_even=False, mass=0.5)
+SPARSE = policy(min_tokens=0, break_even=False, mass=0.5, guard_user_tokens=16)  # sparsify the question too
 
 
 def doc(i: int, n: int = 12) -> str:
@@ -36,12 +36,15 @@ def test_second_turn_prefills_only_the_delta(tiny_engine):
     assert r1.timings.speculator_cache_n == 0 and r1.timings.speculator_prefill_n == len(t1)
     msgs2 = conversation(2, [r1.text])[1]
     t2 = chat.render(msgs2)
-    assert len(kv.speculator.tokens) > len(t1)  # the speculator also holds the reply
+    # the reply is not prefilled into the speculator on the reply's path: it is deferred
+    assert kv.speculator.tokens == list(t1.tokens)
+    assert r1.timings.speculator_deferred_n == len(kv.target.tokens) - len(t1) > 0
     reused = common_prefix(kv.speculator.tokens, t2.tokens)
-    assert reused >= len(t1)
+    assert reused == len(t1)
     r2 = tiny_engine.run(t2, with_sampling(SPARSE, GREEDY), kv=kv)
     assert r2.timings.speculator_cache_n == reused
-    assert r2.timings.speculator_prefill_n == len(t2) - reused
+    assert r2.timings.speculator_prefill_n == len(t2) - reused  # the deferred reply, caught up now
+    assert r2.timings.speculator_deferred_n == len(kv.target.tokens) - len(t2)
     assert r2.timings.cache_n > 0 and r2.timings.specprefill == "active"
     assert r2.timings.prompt_n == r2.timings.prompt_n < len(t2) - r2.timings.cache_n
     assert kv.target.tokens[: len(t2)] == list(t2.tokens)
