@@ -22,7 +22,7 @@ def run(engine_cfg: EngineConfig, policy: PrefillPolicy, lengths: list[int], out
         for i, n in enumerate(lengths):
             doc = build(int(n * WORDS_PER_TOKEN), depth=0.4, seed=100 + i, key="amber locker", value=f"Q-{731 + i}")
             prompt = engine.chat.render(doc["messages"])
-            would = engine.plan(prompt, policy, len(prompt), len(prompt)).status.value
+            would = engine.plan(prompt, policy).status.value
             order = [("dense", override(policy, enabled=False)),
                      ("original", override(forced, position_mode="original")),
                      ("compact", override(forced, position_mode="compact"))]

@@ -17,6 +17,7 @@ from core import guard as tool_guard
 from core import layer_map, planner
 from core.chat import ChatTemplate
 from core.config import DecodeMode, DecodingPolicy, EngineConfig, PrefillPolicy, SamplingParams, TurnParams
+from core.cost_model import Costs, Work
 from core.decode import Generation, OnText, generate
 from core.errors import EmptyPrompt, PromptTooLong, VocabMismatch
 from core.llama_bindings import AttentionCapture, Context, Model
@@ -24,7 +25,7 @@ from core.prefill import sparse_prefill
 from core.prompt import Prompt
 from core.results import Result, Timings
 from core.scoring import importance
-from core.selection import runs, select_tokens
+from core.selection import forced_mask, runs, select_tokens
 from core.session_kv import SeqState, SessionKV, common_prefix
 from core.specattn import SparseVerify, layer_weights
 from core.speculative import SpeculativeDecoder
@@ -69,7 +70,7 @@ class Engine:
             raise
         self.chat = ChatTemplate(self.target)
         self.layer_map = layer_map.load(self.target, self.speculator, config.layer_map)
-        self.speeds = planner.Throughput()
+        self.costs = Costs()
         if config.calibrate_tokens:
             self.calibrate(config.calibrate_tokens)
 
@@ -93,30 +94,26 @@ class Engine:
 
     # -- measurement --------------------------------------------------------
     def calibrate(self, n_tokens: int) -> None:
-        """Measure both models' prefill speed and one speculator step on this machine.
-
-        Each is timed twice and the faster run kept: other load only ever slows a run
-        down.  Real prefills then keep the figures current (running averages)."""
+        """Seed both models' cost functions: a prefill of ``n_tokens`` and a one-token step
+        after it, each timed twice and the faster kept (other load only ever slows a run
+        down).  Every real prefill refines them afterwards (core.cost_model)."""
         text = CALIBRATION_TEXT * (n_tokens // 20 + 2)
         tokens = self.target.tokenize(text, add_special=False)[:n_tokens]
-        for ctx, observe in ((self.speculator_ctx, self.speeds.observe_speculator_prefill),
-                             (self.target_ctx, self.speeds.observe_target_prefill)):
+        n = len(tokens)
+        for ctx, cost in ((self.speculator_ctx, self.costs.speculator), (self.target_ctx, self.costs.target)):
             ctx.clear()
             ctx.decode(tokens[:32], 0)  # the first decode pages the mmap'd weights in
-            best = float("inf")
+            prefill, step = float("inf"), float("inf")
             for _ in range(2):
                 ctx.clear()
                 t0 = time.perf_counter()
                 ctx.decode(tokens, 0)
-                best = min(best, time.perf_counter() - t0)
-            observe(len(tokens), best)
-        t0 = time.perf_counter()
-        self.capture.start(len(tokens))
-        self.speculator_ctx.decode([tokens[0]], len(tokens))
-        self.capture.stop()
-        self.speeds.observe_speculator_step(time.perf_counter() - t0)
-        self.speculator_ctx.clear()
-        self.target_ctx.clear()
+                t1 = time.perf_counter()
+                ctx.decode([tokens[0]], n)
+                prefill, step = min(prefill, t1 - t0), min(step, time.perf_counter() - t1)
+            cost.observe(n, 0, self._calls(n), prefill)
+            cost.observe(1, n, 1, step)
+            ctx.clear()
 
     # -- one request ----------------------------------------------------------
     def check_prompt(self, prompt: Prompt) -> None:
@@ -127,11 +124,24 @@ class Engine:
         if n > limit:
             raise PromptTooLong(n, limit)
 
-    def plan(self, prompt: Prompt, policy: PrefillPolicy, n_select: int, n_score: int) -> planner.Plan:
+    def _calls(self, n: int) -> int:
+        """llama_decode calls a prefill of ``n`` tokens takes."""
+        return max(1, -(-n // self.config.n_batch))
+
+    def plan(self, prompt: Prompt, policy: PrefillPolicy, kv: SessionKV | None = None) -> planner.Plan:
+        """The planner's decision for ``prompt`` against a session's caches (none: fresh)."""
+        kv = kv or SessionKV()
+        n = len(prompt)
+        q = min(common_prefix(kv.target.tokens, prompt.tokens), n - 1)
+        p = min(common_prefix(kv.speculator.tokens, prompt.tokens), n - 1)
         scanned = "".join(self.target.detokenize(prompt.tokens[a:b], special=True)
                           for a, b in tool_guard.scan_spans(prompt, policy.guard_scan_tokens))
         verdict = tool_guard.inspect(prompt, scanned, policy)
-        return planner.plan(n_select, n_score, policy, verdict, self.speeds)
+        protected = sum(min(b, n) - max(a, q) for a, b in verdict.spans if b > q)
+        work = Work(n_select=n - q, n_protected=protected, target_cached=sum(1 for x in kv.target.kv_pos[:q] if x >= 0),
+                    n_score=n - p, speculator_cached=p, lookahead=policy.lookahead, n_batch=self.config.n_batch,
+                    compact=policy.position_mode == "compact")
+        return planner.plan(work, policy, verdict, self.costs)
 
     def score(self, kv: SeqState, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings) -> np.ndarray:
         """Per-token importance over all of ``tokens`` (see :meth:`capture_steps`)."""
@@ -153,7 +163,9 @@ class Engine:
             if pos >= ctx.n_ctx:
                 break
             self.capture.start(n)
+            t_step = time.perf_counter()
             ctx.decode([tok], pos)
+            self.costs.speculator.observe(1, pos, 1, time.perf_counter() - t_step)
             steps.append(self.capture.stop())
             tok = int(np.argmax(ctx.logits()))
         ctx.remove_from(base + 1)  # lookahead tokens are not context
@@ -162,7 +174,6 @@ class Engine:
         t2 = time.perf_counter()
         t.speculator_prefill_ms = (t1 - t0) * 1e3
         t.lookahead_ms = (t2 - t1) * 1e3
-        self.speeds.observe_speculator_step((t2 - t1) / max(1, len(steps)))
         return steps
 
     @staticmethod
@@ -181,7 +192,7 @@ class Engine:
         if delta:
             t0 = time.perf_counter()
             ctx.decode(delta, base, logits_last=False)
-            self.speeds.observe_speculator_prefill(len(delta), time.perf_counter() - t0)
+            self.costs.speculator.observe(len(delta), base, self._calls(len(delta)), time.perf_counter() - t0)
             kv.extend(delta, range(base, base + len(delta)))
             t.speculator_prefill_n += len(delta)
         return base + len(delta)
@@ -206,7 +217,7 @@ class Engine:
         delta = tokens[q:]
         t = Timings(position_mode=policy.position_mode, context_n=n, cache_n=q,
                     speculator_cache_n=p)
-        decision = self.plan(prompt, policy, n_select=len(delta), n_score=n - p)
+        decision = self.plan(prompt, policy, kv)
         t.specprefill, t.specprefill_reason = decision.status.value, decision.reason
         kept = np.arange(len(delta))
         if decision.score:
@@ -214,7 +225,9 @@ class Engine:
             protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
             kept = select_tokens(scores, policy.selection, protected)
             t.scoring_ms = (time.perf_counter() - t_start) * 1e3
-            self.speeds.observe_kept(kept.size / len(delta))
+            n_dense = int(forced_mask(len(delta), 0, 0, protected).sum())
+            self.costs.observe_selection(len(delta) - n_dense, int(kept.size) - n_dense, int(kept.size),
+                                         len(runs(kept)))
             if kept.size == len(delta):
                 t.specprefill, t.specprefill_reason = planner.Status.KEPT_ALL.value, "selection kept every token"
         t.prompt_n, t.kept_runs = int(kept.size), len(runs(kept))
@@ -233,13 +246,15 @@ class Engine:
         ctx, kv, mode = self.target_ctx, kv_all.target, params.prefill.position_mode
         # original mode keeps logical positions (bridging any gap); compact packs after the cache
         base = len(kv.tokens) if mode == "original" else kv.next_pos
+        cells = kv.n_cached
         t0 = time.perf_counter()
         n_past = sparse_prefill(ctx, delta, kept, mode, base)
         t.prompt_ms = (time.perf_counter() - t0) * 1e3
+        calls = self._calls(kept.size) if mode == "compact" else sum(self._calls(b - a) for a, b in runs(kept))
+        self.costs.target.observe(int(kept.size), cells, calls, t.prompt_ms / 1e3)
         positions = np.full(len(delta), -1)
         positions[kept] = np.arange(kept.size) + base if mode == "compact" else kept + base
         kv.extend(delta, positions.tolist())
-        self.speeds.observe_target_prefill(int(kept.size), t.prompt_ms / 1e3)
         if params.decoding.mode is DecodeMode.PLAIN:
             gen = generate(ctx, n_past, params.sampling, on_text)
         else:

@@ -1,9 +1,10 @@
 """The planner: decide, before any scoring, whether SpecPrefill runs.
 
 Statuses are the strings of the SpecPrefill guide (the spec this project
-implements), reported as ``timings.specprefill``.  The break-even test uses
-throughputs measured on this machine (calibrated at load, then running
-averages of every real prefill), never constants.
+implements), reported as ``timings.specprefill``.  The break-even test
+compares the estimated dense prefill with scoring plus the sparse prefill of
+the tokens expected to be kept, from cost functions fitted to measurements on
+this machine (core.cost_model), never constants.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import enum
 from dataclasses import dataclass
 
 from core.config import PrefillPolicy
+from core.cost_model import Costs, Work, estimate
 from core.guard import GuardVerdict
 
 
@@ -24,55 +26,6 @@ class Status(enum.StrEnum):
     ACTIVE = "active"
 
 
-@dataclass(slots=True)
-class Throughput:
-    """Exponential running averages of measured speeds (tokens/s, seconds/step)."""
-
-    speculator_prefill_tps: float = 0.0
-    speculator_step_s: float = 0.0
-    target_prefill_tps: float = 0.0
-    kept_ratio: float = 0.3  # prior until the first real selection is seen
-    alpha: float = 0.3
-
-    def _mix(self, old: float, new: float) -> float:
-        return new if old <= 0.0 else (1 - self.alpha) * old + self.alpha * new
-
-    def observe_speculator_prefill(self, n_tokens: int, seconds: float) -> None:
-        if n_tokens >= 16 and seconds > 0:
-            self.speculator_prefill_tps = self._mix(self.speculator_prefill_tps, n_tokens / seconds)
-
-    def observe_speculator_step(self, seconds: float) -> None:
-        if seconds > 0:
-            self.speculator_step_s = self._mix(self.speculator_step_s, seconds)
-
-    def observe_target_prefill(self, n_tokens: int, seconds: float) -> None:
-        if n_tokens >= 16 and seconds > 0:
-            self.target_prefill_tps = self._mix(self.target_prefill_tps, n_tokens / seconds)
-
-    def observe_kept(self, ratio: float) -> None:
-        self.kept_ratio = self._mix(self.kept_ratio, ratio)
-
-    @property
-    def calibrated(self) -> bool:
-        return self.speculator_prefill_tps > 0 and self.target_prefill_tps > 0
-
-
-@dataclass(slots=True, frozen=True)
-class BreakEven:
-    scoring_s: float
-    saved_s: float
-    worth_it: bool
-
-
-def break_even(n_score: int, n_select: int, lookahead: int, speeds: Throughput,
-               safety: float) -> BreakEven:
-    """Scoring costs the speculator's prefill of ``n_score`` tokens plus lookahead
-    steps; it saves the target's prefill of the ``n_select`` tokens expected to drop."""
-    scoring = n_score / speeds.speculator_prefill_tps + (lookahead + 1) * speeds.speculator_step_s
-    saved = n_select * (1.0 - speeds.kept_ratio) / speeds.target_prefill_tps
-    return BreakEven(scoring, saved, saved >= scoring * safety)
-
-
 @dataclass(slots=True, frozen=True)
 class Plan:
     status: Status
@@ -81,23 +34,20 @@ class Plan:
     protected: tuple[tuple[int, int], ...] = ()
 
 
-def plan(n_select: int, n_score: int, policy: PrefillPolicy, guard: GuardVerdict,
-         speeds: Throughput) -> Plan:
-    """``n_select``: tokens eligible for sparsification (the new delta);
-    ``n_score``: tokens the speculator must newly prefill to score them."""
+def plan(work: Work, policy: PrefillPolicy, guard: GuardVerdict, costs: Costs) -> Plan:
     if not policy.enabled:
         return Plan(Status.DISABLED, "specprefill disabled by configuration", False)
-    if n_select < policy.min_tokens:
+    if work.n_select < policy.min_tokens:
         return Plan(Status.SKIPPED_MIN_TOKENS,
-                    f"{n_select} new tokens < min_tokens {policy.min_tokens}", False)
+                    f"{work.n_select} new tokens < min_tokens {policy.min_tokens}", False)
     if guard.triggered and policy.guard_mode == "skip":
         return Plan(Status.SKIPPED_TOOL_GUARD, guard.reason, False)
-    protected = guard.spans
-    if policy.break_even and speeds.calibrated:
-        estimate = break_even(n_score, n_select, policy.lookahead, speeds, policy.safety)
-        if not estimate.worth_it:
+    if policy.break_even and costs.calibrated:
+        est = estimate(work, costs)
+        if est.saved_s < est.scoring_s * policy.safety:
             return Plan(Status.SKIPPED_BREAK_EVEN,
-                        f"saves ~{estimate.saved_s:.2f}s < scoring ~{estimate.scoring_s:.2f}s"
-                        f" x {policy.safety}", False)
+                        f"saves ~{est.saved_s:.2f}s (dense ~{est.dense_s:.2f}s, sparse ~{est.sparse_s:.2f}s "
+                        f"for ~{est.kept} kept) < scoring ~{est.scoring_s:.2f}s x {policy.safety}", False)
+    protected = guard.spans
     reason = f"scoring; kept dense: {guard.kept}" if protected else "scoring"
     return Plan(Status.ACTIVE, reason, True, protected)

@@ -1,59 +1,100 @@
+import numpy as np
 import pytest
 
 from core.config import PrefillPolicy
+from core.cost_model import Costs, PrefillCost, Work, estimate, features
 from core.guard import GuardVerdict, inspect, keyword_hits, scan_spans
-from core.planner import Status, Throughput, break_even, plan
+from core.planner import Status, plan
 from core.prompt import Prompt, Span
 
 CLEAR = GuardVerdict(False)
-SPEEDS = Throughput(speculator_prefill_tps=100.0, speculator_step_s=0.05, target_prefill_tps=40.0, kept_ratio=0.2)
+def linear(per_token: float) -> PrefillCost:
+    """A cost with weights only: ``per_token`` seconds a token, no attention, no call overhead."""
+    return PrefillCost(coef=np.array([per_token, 0.0, 0.0]))
+
+
+def work(n: int, protected: int = 0, lookahead: int = 8, n_batch: int = 512) -> Work:
+    return Work(n_select=n, n_protected=protected, target_cached=0, n_score=n, speculator_cached=0,
+                lookahead=lookahead, n_batch=n_batch, compact=False)
+
+
+SPEEDS = Costs(target=PrefillCost(coef=np.array([0.025, 0.0, 0.01])), speculator=linear(0.01),
+               kept_ratio=0.15, run_tokens=64.0)
 
 
 def test_disabled_first():
-    p = plan(5000, 5000, PrefillPolicy(enabled=False), GuardVerdict(True, "tools"), SPEEDS)
+    p = plan(work(5000), PrefillPolicy(enabled=False), GuardVerdict(True, "tools"), SPEEDS)
     assert p.status is Status.DISABLED and not p.score
 
 
 def test_min_tokens():
-    p = plan(100, 100, PrefillPolicy(min_tokens=512), CLEAR, SPEEDS)
+    p = plan(work(100), PrefillPolicy(min_tokens=512), CLEAR, SPEEDS)
     assert p.status is Status.SKIPPED_MIN_TOKENS
     assert "100" in p.reason and "512" in p.reason
 
 
 def test_tool_guard_skip_and_structural():
     verdict = GuardVerdict(True, "request defines tools", ((0, 50),), "system prompt and tool definitions")
-    skip = plan(5000, 5000, PrefillPolicy(min_tokens=0, guard_mode="skip"), verdict, SPEEDS)
+    skip = plan(work(5000), PrefillPolicy(min_tokens=0, guard_mode="skip"), verdict, SPEEDS)
     assert skip.status is Status.SKIPPED_TOOL_GUARD and not skip.score
-    structural = plan(5000, 5000, PrefillPolicy(min_tokens=0), verdict, SPEEDS)
+    structural = plan(work(5000), PrefillPolicy(min_tokens=0), verdict, SPEEDS)
     assert structural.status is Status.ACTIVE and structural.score and structural.protected == ((0, 50),)
     assert "kept dense: system prompt and tool definitions" in structural.reason
 
 
-def test_break_even_uses_measured_speeds():
-    # scoring 3000/100 + 9*0.05 = 30.45 s; saved 3000*0.8/40 = 60 s >= 30.45*1.2
-    est = break_even(3000, 3000, 8, SPEEDS, 1.2)
-    assert est.scoring_s == pytest.approx(30.45)
-    assert est.saved_s == pytest.approx(60.0)
-    assert est.worth_it
+def test_break_even_compares_dense_with_scoring_plus_sparse():
+    est = estimate(work(3000), SPEEDS)
+    # dense 3000 x 25 ms = 75 s; kept 15% = 450 tokens, 7 runs: 11.25 s + 0.07 s;
+    # scoring: 2999 x 10 ms + 9 steps x 10 ms = 30.08 s
+    assert est.dense_s == pytest.approx(75.06) and est.kept == 450
+    assert est.sparse_s == pytest.approx(11.32) and est.scoring_s == pytest.approx(30.08)
+    assert plan(work(3000), PrefillPolicy(min_tokens=0), CLEAR, SPEEDS).status is Status.ACTIVE
     # a speculator as slow as the target can never pay back
-    slow = Throughput(speculator_prefill_tps=40.0, speculator_step_s=0.05, target_prefill_tps=40.0, kept_ratio=0.2)
-    p = plan(3000, 3000, PrefillPolicy(min_tokens=0), CLEAR, slow)
-    assert p.status is Status.SKIPPED_BREAK_EVEN and not p.score
+    slow = Costs(target=linear(0.025), speculator=linear(0.025))
+    p = plan(work(3000), PrefillPolicy(min_tokens=0), CLEAR, slow)
+    assert p.status is Status.SKIPPED_BREAK_EVEN and not p.score and "dense ~75" in p.reason
+
+
+def test_protected_tokens_are_not_savings():
+    free = estimate(work(3000), SPEEDS)
+    guarded = estimate(work(3000, protected=2000), SPEEDS)
+    assert guarded.kept == 2000 + 150 and guarded.saved_s < free.saved_s / 2
 
 
 def test_break_even_off_or_uncalibrated_scores():
-    slow = Throughput(speculator_prefill_tps=40.0, speculator_step_s=0.05, target_prefill_tps=40.0)
-    assert plan(3000, 3000, PrefillPolicy(min_tokens=0, break_even=False), CLEAR, slow).status is Status.ACTIVE
-    assert plan(3000, 3000, PrefillPolicy(min_tokens=0), CLEAR, Throughput()).status is Status.ACTIVE
+    slow = Costs(target=linear(0.025), speculator=linear(0.025))
+    assert plan(work(3000), PrefillPolicy(min_tokens=0, break_even=False), CLEAR, slow).status is Status.ACTIVE
+    assert plan(work(3000), PrefillPolicy(min_tokens=0), CLEAR, Costs()).status is Status.ACTIVE
 
 
-def test_throughput_running_average():
-    t = Throughput(alpha=0.5)
-    t.observe_target_prefill(100, 1.0)
-    t.observe_target_prefill(300, 1.0)
-    assert t.target_prefill_tps == pytest.approx(200.0)
-    t.observe_target_prefill(5, 1.0)  # too short to be a throughput sample
-    assert t.target_prefill_tps == pytest.approx(200.0)
+def test_cost_fit_recovers_weights_attention_and_call_overhead():
+    truth = np.array([0.02, 2e-6, 0.05])
+    cost = PrefillCost()
+    for m, c, calls in [(128, 0, 1), (1, 128, 1), (512, 0, 1), (2048, 0, 4), (1, 4096, 1), (300, 6000, 10),
+                        (4000, 0, 8), (32, 2000, 1)]:
+        cost.observe(m, c, calls, float(features(m, c, calls) @ truth))
+    np.testing.assert_allclose(cost.coef, truth, rtol=0.05)
+    assert cost.seconds(8000) == pytest.approx(8000 * 0.02 + 8000 * 3999.5 * 2e-6 + 0.05, rel=0.05)
+
+
+def test_a_long_prompt_is_not_skipped_when_measured_speeds_say_it_pays():
+    """The reported failure: calibrated on a short prompt and a linear model, the planner
+    skipped an 8K prompt that ran far faster with SpecPrefill.  Measured costs with attention
+    (the speculator runs without flash attention, so its attention term is the larger one)."""
+    target = PrefillCost()
+    speculator = PrefillCost()
+    t_true, s_true = np.array([0.006, 7e-7, 0.02]), np.array([0.0025, 6e-7, 0.01])
+    for cost, truth in ((target, t_true), (speculator, s_true)):
+        for m, c, calls in [(128, 0, 1), (1, 128, 1), (1024, 0, 2), (1, 1024, 1), (4096, 0, 8), (1, 4096, 1)]:
+            cost.observe(m, c, calls, float(features(m, c, calls) @ truth))
+    costs = Costs(target=target, speculator=speculator, kept_ratio=0.07)
+    long = plan(work(8000, lookahead=1, n_batch=512), PrefillPolicy(), CLEAR, costs)
+    assert long.status is Status.ACTIVE, long.reason
+    est = estimate(work(8000, lookahead=1, n_batch=512), costs)
+    assert est.dense_s == pytest.approx(float(features(8000, 0, 16) @ t_true), rel=0.1)
+    short = plan(work(1100, lookahead=1, n_batch=512), PrefillPolicy(), CLEAR,
+                 Costs(target=target, speculator=linear(0.006)))
+    assert short.status is Status.SKIPPED_BREAK_EVEN  # a speculator as dear as the target never pays
 
 
 def test_status_strings_match_the_seed():

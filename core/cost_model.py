@@ -1,0 +1,138 @@
+"""What prefills cost on this machine, learned from measuring them (pure numpy).
+
+One model's cost to decode ``m`` new tokens after ``c`` cells already in its
+KV cache, in ``calls`` llama_decode calls, is
+
+    seconds = a*m + b*m*(c + (m-1)/2) + d*calls
+
+``a`` is the weights (a matmul per token), ``b`` attention over the context (it
+is what makes an 8K prompt cost more than twice a 4K one: each token attends to
+every cell before it), ``d`` the per-call overhead that makes many small
+sparse-prefill runs dearer than one batch.  The three are refitted by least
+squares on relative error over recent measurements: the calibration at load,
+then every real prefill and lookahead step.  A short calibration prompt cannot
+see attention, so the fit is pulled gently toward a prior for ``b`` (attention
+as costly as the weights at ``PRIOR_HALF_CONTEXT`` cells); real long prompts
+overrule it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PRIOR_HALF_CONTEXT = 4096  # cells at which attention costs as much as the weights, before measuring
+PRIOR_WEIGHT = 0.05  # pull toward the prior, relative to one measurement
+PRIOR_KEPT_RATIO = 0.15  # share of sparsifiable tokens kept, until selections are seen (mass 0.85: 7-20%)
+PRIOR_RUN_TOKENS = 64.0  # kept tokens per contiguous run, until selections are seen
+
+
+def features(m: int, c: int, calls: int) -> np.ndarray:
+    return np.array([m, m * (c + (m - 1) / 2), calls], dtype=np.float64)
+
+
+@dataclass(slots=True)
+class PrefillCost:
+    """One model's cost function, fitted from ``(m, c, calls, seconds)`` measurements."""
+
+    coef: np.ndarray = field(default_factory=lambda: np.zeros(3))  # a, b, d
+    samples: deque[tuple[np.ndarray, float]] = field(default_factory=lambda: deque(maxlen=48))
+
+    @property
+    def fitted(self) -> bool:
+        return bool(self.coef[0] > 0)
+
+    def seconds(self, m: int, c: int = 0, calls: int = 1) -> float:
+        return float(features(m, c, calls) @ self.coef) if m > 0 else 0.0
+
+    def observe(self, m: int, c: int, calls: int, seconds: float) -> None:
+        if m >= 1 and seconds > 0:
+            self.samples.append((features(m, c, calls), seconds))
+            self.coef = fit(list(self.samples))
+
+
+def fit(samples: list[tuple[np.ndarray, float]]) -> np.ndarray:
+    """Non-negative least squares on relative error, with a weak prior row per coefficient."""
+    x = np.array([f for f, _ in samples])
+    y = np.array([s for _, s in samples])
+    per_token = float(np.median(y / x[:, 0]))  # a rough a, which scales the prior
+    prior = np.array([per_token, per_token / PRIOR_HALF_CONTEXT, 0.0])
+    scale = np.array([per_token, per_token / PRIOR_HALF_CONTEXT, per_token])  # makes the prior rows unitless
+    rows = np.vstack([x / y[:, None], np.diag(PRIOR_WEIGHT / scale)])
+    target = np.concatenate([np.ones(len(y)), PRIOR_WEIGHT * prior / scale])
+    free = np.ones(3, dtype=bool)
+    coef = np.zeros(3)
+    while free.any():  # drop a coefficient that goes negative and solve again
+        sol, *_ = np.linalg.lstsq(rows[:, free], target, rcond=None)
+        if (sol >= 0).all():
+            coef[free] = sol
+            break
+        free[np.flatnonzero(free)[int(np.argmin(sol))]] = False
+    return coef
+
+
+@dataclass(slots=True)
+class Costs:
+    """Both models' cost functions and what selections have kept so far."""
+
+    target: PrefillCost = field(default_factory=PrefillCost)
+    speculator: PrefillCost = field(default_factory=PrefillCost)
+    kept_ratio: float = PRIOR_KEPT_RATIO  # of the tokens the guard leaves free
+    run_tokens: float = PRIOR_RUN_TOKENS
+    alpha: float = 0.3
+
+    @property
+    def calibrated(self) -> bool:
+        return self.target.fitted and self.speculator.fitted
+
+    def observe_selection(self, n_free: int, n_free_kept: int, n_kept: int, n_runs: int) -> None:
+        if n_free > 0:
+            self.kept_ratio += self.alpha * (n_free_kept / n_free - self.kept_ratio)
+        if n_runs > 0:
+            self.run_tokens += self.alpha * (n_kept / n_runs - self.run_tokens)
+
+
+@dataclass(slots=True, frozen=True)
+class Work:
+    """One turn's prefill work, as the planner sees it before scoring."""
+
+    n_select: int  # new target tokens, all eligible for sparsification
+    n_protected: int  # of those, the ones the guard keeps dense
+    target_cached: int  # cells already in the target's cache
+    n_score: int  # tokens the speculator must prefill to score (its backlog included)
+    speculator_cached: int
+    lookahead: int
+    n_batch: int
+    compact: bool  # compact positions decode the kept tokens in full batches; original, run by run
+
+
+@dataclass(slots=True, frozen=True)
+class Estimate:
+    dense_s: float
+    sparse_s: float
+    scoring_s: float
+    kept: int
+
+    @property
+    def saved_s(self) -> float:
+        return self.dense_s - self.sparse_s
+
+
+def _calls(n: int, n_batch: int) -> int:
+    return max(1, -(-n // n_batch))
+
+
+def estimate(work: Work, costs: Costs) -> Estimate:
+    """Dense prefill, sparse prefill of the expected kept tokens, and scoring, in seconds."""
+    free = max(0, work.n_select - work.n_protected)
+    kept = min(work.n_select, work.n_protected + round(costs.kept_ratio * free))
+    dense = costs.target.seconds(work.n_select, work.target_cached, _calls(work.n_select, work.n_batch))
+    runs = _calls(kept, work.n_batch) if work.compact else max(1, round(kept / costs.run_tokens))
+    sparse = costs.target.seconds(kept, work.target_cached, runs)
+    # the speculator prefills all but the last token, then decodes it and the lookahead one by one
+    n_prefill, n_context = max(0, work.n_score - 1), work.speculator_cached + work.n_score
+    scoring = (costs.speculator.seconds(n_prefill, work.speculator_cached, _calls(n_prefill, work.n_batch))
+               + (work.lookahead + 1) * costs.speculator.seconds(1, n_context))
+    return Estimate(dense, sparse, scoring, kept)
