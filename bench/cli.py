@@ -15,14 +15,14 @@ from core import model_files
 from core.config import EngineConfig, PrefillPolicy, build
 from core.errors import ConfigError
 
-SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp")
+SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenarios", nargs="*", default=[],
                         help=f"which to run: {', '.join(SCENARIOS)} (default: the first three)")
     parser.add_argument("--quick", action="store_true", help="small sizes: a few minutes in all")
-    parser.add_argument("--lengths", help="first_turn prompt lengths, comma-separated tokens")
+    parser.add_argument("--lengths", help="first_turn and planner prompt lengths, comma-separated tokens")
     parser.add_argument("--out", default="results/bench", help="results folder")
     parser.add_argument("--arms", help="multi_turn arms to (re)run, comma-separated (default: all)")
     parser.add_argument("--target", default=None)
@@ -65,6 +65,14 @@ def run(args: argparse.Namespace) -> int:
         doc = orjson.loads(path.read_bytes())
         plots.overhead(doc["overhead_ms"], s["concurrency"], out / f"overhead{suffix}.png")
         summaries["overhead"] = s
+    if "planner" in chosen:
+        from bench import planner
+
+        lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else \
+            ([1024, 2048] if args.quick else [1024, 2048, 4096, 8192, 12288])
+        rows = planner.run(engine, build(PrefillPolicy), lengths, out / f"planner{suffix}.json")
+        plots.planner(rows, out / f"planner{suffix}.png")
+        summaries["planner"] = planner.summary(rows)
     if "topp" in chosen:
         from bench import topp
         summaries["topp"] = topp.run(out / f"topp{suffix}.json")

@@ -31,6 +31,26 @@ def first_turn(summary: list[dict[str, Any]], out: Path) -> None:
     plt.close(fig)
 
 
+def planner(rows: list[dict[str, Any]], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    n = [r["context_n"] for r in rows]
+    ax.plot(n, [r["dense"]["ttft_ms"] / 1e3 for r in rows], "o-", label="dense")
+    ax.plot(n, [r["specprefill"]["ttft_ms"] / 1e3 for r in rows], "s-", label="SpecPrefill")
+    for r in rows:
+        mark = "right" if r["planner_right"] else "WRONG"
+        ax.annotate(f"planner: {r['planner']} ({mark})", (r["context_n"], r["dense"]["ttft_ms"] / 1e3),
+                    textcoords="offset points", xytext=(-40, 8), fontsize=7)
+    ax.set_xlabel("prompt tokens (agent-shaped: tools, a tool call, a long tool result)")
+    ax.set_ylabel("TTFT (s)")
+    ax.set_title("Planner decisions against measured TTFT, Qwen2.5-Coder 1.5B / 0.5B, 2 CPU cores")
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
 def multi_turn(summary: dict[str, Any], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     width = 0.8 / max(1, len(summary))

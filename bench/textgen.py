@@ -49,6 +49,33 @@ def build(n_words: int, depth: float, seed: int, key: str, value: str) -> dict:
     ], "expected": value}
 
 
+AGENT_TOOLS = [
+    {"type": "function", "function": {
+        "name": "read_log", "description": "Read a service's log file",
+        "parameters": {"type": "object", "properties": {"service": {"type": "string"}}, "required": ["service"]}}},
+    {"type": "function", "function": {
+        "name": "restart_service", "description": "Restart a service by name",
+        "parameters": {"type": "object", "properties": {"service": {"type": "string"}}, "required": ["service"]}}},
+]
+
+
+def agent_turn(n_words: int, depth: float, seed: int, key: str, value: str) -> dict:
+    """An agent-shaped prompt, as the openai client sends it: tools, a task, the assistant's
+    tool call, and the long tool result (a log with one planted fact) to answer from."""
+    rng = random.Random(seed)
+    sentences = filler(n_words, rng)
+    sentences.insert(int(len(sentences) * depth), f"NOTICE: the deploy token for {key} is {value}.")
+    call = {"id": f"call_{seed}", "type": "function",
+            "function": {"name": "read_log", "arguments": orjson.dumps({"service": key}).decode()}}
+    return {"messages": [
+        {"role": "system", "content": "You are an operations agent. Use the tools; answer briefly."},
+        {"role": "user", "content": f"What is the deploy token for {key}? Check its log and reply with the "
+                                    "token only."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "\n".join(sentences)},
+    ], "tools": AGENT_TOOLS, "expected": value}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--words", type=int, default=2200)

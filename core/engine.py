@@ -128,8 +128,10 @@ class Engine:
         """llama_decode calls a prefill of ``n`` tokens takes."""
         return max(1, -(-n // self.config.n_batch))
 
-    def plan(self, prompt: Prompt, policy: PrefillPolicy, kv: SessionKV | None = None) -> planner.Plan:
-        """The planner's decision for ``prompt`` against a session's caches (none: fresh)."""
+    def plan(self, prompt: Prompt, policy: PrefillPolicy, kv: SessionKV | None = None,
+             costs: Costs | None = None) -> planner.Plan:
+        """The planner's decision for ``prompt`` against a session's caches (none: fresh),
+        with the engine's measured costs unless others are given."""
         kv = kv or SessionKV()
         n = len(prompt)
         q = min(common_prefix(kv.target.tokens, prompt.tokens), n - 1)
@@ -141,7 +143,7 @@ class Engine:
         work = Work(n_select=n - q, n_protected=protected, target_cached=sum(1 for x in kv.target.kv_pos[:q] if x >= 0),
                     n_score=n - p, speculator_cached=p, lookahead=policy.lookahead, n_batch=self.config.n_batch,
                     compact=policy.position_mode == "compact")
-        return planner.plan(work, policy, verdict, self.costs)
+        return planner.plan(work, policy, verdict, costs or self.costs)
 
     def score(self, kv: SeqState, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings) -> np.ndarray:
         """Per-token importance over all of ``tokens`` (see :meth:`capture_steps`)."""
