@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -98,3 +99,45 @@ async def ws_tool_turn(gw, question, tools):
     assert event["type"] == "done" and event["finish_reason"] == "tool_calls"
     session = gw.call(gw.app[keys.MANAGER].get(sid))  # on the gateway's own loop
     return event["message"]["tool_calls"][0], session.messages[-1]["tool_calls"][0]
+
+
+def test_agent_turn_with_a_long_tool_result_runs_active_and_the_next_call_parses():
+    """The agent-shaped path end to end through the openai client: tools in the request, a
+    long tool result after the assistant's call; SpecPrefill runs on it, and the model's next
+    tool call is valid (an offered tool, arguments that satisfy its schema)."""
+    import json
+
+    import jsonschema
+    import openai
+
+    from bench.textgen import AGENT_TOOLS, filler
+    from core.config import PrefillPolicy
+    from tests.support import start_gateway
+
+    rng = random.Random(5)
+    log = " ".join(filler(700, rng))
+    half = len(log) // 2
+    result = f"{log[:half]}\nSTATUS: service billing is DOWN; it must be restarted.\n{log[half:]}"
+    call = {"id": "call_1", "type": "function", "function": {"name": "read_log", "arguments": '{"service": "billing"}'}}
+    messages = [
+        {"role": "system", "content": "You are an operations agent. Act with the tools."},
+        {"role": "user", "content": "Check the billing log. If billing is down, restart it."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": result},
+    ]
+    gw = start_gateway(real_model(model_files.TARGET), real_model(model_files.SPECULATOR),
+                       prefill=PrefillPolicy(min_tokens=0, break_even=False))
+    try:
+        client = openai.OpenAI(base_url=gw.base + "/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(model="specgate", messages=messages, tools=AGENT_TOOLS,
+                                               max_tokens=48, temperature=0,
+                                               extra_headers={"X-Session-Id": "agent-e2e"})
+        t = reply.model_extra["timings"]
+        assert t["specprefill"] == "active" and t["prompt_n"] < 0.7 * t["context_n"], t
+        assert "tool definitions" in t["specprefill_reason"]
+        (next_call,) = reply.choices[0].message.tool_calls
+        schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in AGENT_TOOLS}
+        assert next_call.function.name == "restart_service"
+        jsonschema.validate(json.loads(next_call.function.arguments), schemas[next_call.function.name])
+    finally:
+        gw.stop()
