@@ -53,11 +53,13 @@ def run(args: argparse.Namespace) -> int:
         plots.first_turn(rows, out / f"first_turn{suffix}.png")
         summaries["first_turn"] = rows
     if "multi_turn" in chosen:
-        arms = tuple(args.arms.split(",")) if args.arms else serving.ARMS
-        if set(arms) - set(serving.ARMS):
-            raise ConfigError(f"unknown arm(s); known: {', '.join(serving.ARMS)}")
-        s = serving.multi_turn(engine, args.quick, out / f"multi_turn{suffix}.json", arms)
-        plots.multi_turn(s, out / f"multi_turn{suffix}.png")
+        from bench import agent_session
+
+        arms = tuple(args.arms.split(",")) if args.arms else agent_session.ARMS
+        if set(arms) - set(agent_session.ARMS):
+            raise ConfigError(f"unknown arm(s); known: {', '.join(agent_session.ARMS)}")
+        s = agent_session.run(engine, args.quick, out / f"agent_session{suffix}.json", arms)
+        plots.agent_session(s, out / f"agent_session{suffix}.png")
         summaries["multi_turn"] = s
     if "overhead" in chosen:
         path = out / f"overhead{suffix}.json"

@@ -51,18 +51,20 @@ def planner(rows: list[dict[str, Any]], out: Path) -> None:
     plt.close(fig)
 
 
-def multi_turn(summary: dict[str, Any], out: Path) -> None:
+def agent_session(summary: dict[str, Any], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     width = 0.8 / max(1, len(summary))
     for k, (arm, s) in enumerate(summary.items()):
-        turns = range(1, len(s["ttft_s"]) + 1)
-        total = f"total {s['total_ttft_s']:.0f}s" if s["completed"] else f"died after {s['turns']} turns"
-        ax.bar([t - 0.4 + (k + 0.5) * width for t in turns], s["ttft_s"], width, label=f"{arm} ({total})")
-    ax.set_xlabel("turn")
-    ax.set_ylabel("TTFT (s)")
-    ax.set_title("6-turn agent session: TTFT per turn")
+        turns = range(1, len(s["long_ttft_s"]) + 1)
+        note = (f"{s['long_correct']}/{s['long_turns']} right, call {'valid' if s['valid_call'] else 'INVALID'}"
+                if s["completed"] else "did not complete")
+        ax.bar([t - 0.4 + (k + 0.5) * width for t in turns], s["long_ttft_s"], width, label=f"{arm} ({note})")
+    ax.set_xlabel("long tool-result turn")
+    ax.set_ylabel("TTFT at the client (s)")
+    ax.set_title("Agent session (tools, role: tool results), Qwen2.5-Coder 1.5B / 0.5B, 2 CPU cores")
+    ax.title.set_fontsize(9)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from typing import Any
 
 import orjson
 
@@ -49,7 +50,7 @@ def build(n_words: int, depth: float, seed: int, key: str, value: str) -> dict:
     ], "expected": value}
 
 
-AGENT_TOOLS = [
+AGENT_TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
         "name": "read_log", "description": "Read a service's log file",
         "parameters": {"type": "object", "properties": {"service": {"type": "string"}}, "required": ["service"]}}},

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from bench import agent_session
+from bench.agent_session import check_call, script
 from bench.first_turn import summarize
-from bench.serving import percentile, summarize_arms
+from bench.serving import percentile
 
 
 def test_first_turn_summary_speedups():
@@ -14,15 +16,40 @@ def test_first_turn_summary_speedups():
     assert s["original_speedup"] == 2.0 and s["compact_speedup"] == 2.5 and s["all_correct"]
 
 
-def test_arms_summary_marks_dead_servers_and_speedups():
-    row = {"ttft_s": 2.0, "correct": True}
-    results = {"llama_cpp_server": {"rows": [row, row], "error": None},
-               "specgate_sessions": {"rows": [{"ttft_s": 1.0, "correct": True}] * 2, "error": None},
-               "llama_cpp_server_cache": {"rows": [row], "error": "RemoteProtocolError: peer closed"}}
-    s = summarize_arms(results, 2)
-    assert s["specgate_sessions"]["speedup_vs_llama_cpp_server"] == 2.0
-    assert not s["llama_cpp_server_cache"]["completed"] and "speedup_vs_llama_cpp_server" not in \
-        s["llama_cpp_server_cache"]
+def test_agent_script_is_agent_shaped():
+    turns = script((300, 200))
+    first = turns[0]["append"]
+    assert [m["role"] for m in first] == ["user", "assistant", "tool"]
+    assert first[1]["tool_calls"][0]["id"] == first[2]["tool_call_id"]
+    assert turns[0]["expect"] in first[2]["content"]
+    assert turns[-1]["kind"] == "call" and turns[-1]["append"][0]["role"] == "user"
+
+
+def test_tool_call_validity_checks_name_and_schema():
+    ok = check_call([{"name": "restart_service", "arguments": '{"service": "billing"}'}], "billing")
+    assert ok == {"valid_call": True, "right_call": True}
+    wrong = check_call([{"name": "read_log", "arguments": '{"service": "billing"}'}], "billing")
+    assert wrong["valid_call"] and not wrong["right_call"]
+    assert not check_call([{"name": "restart_service", "arguments": '{"svc": 1}'}], "billing")["valid_call"]
+    assert not check_call([{"name": "format_disk", "arguments": "{}"}], "billing")["valid_call"]
+    assert not check_call([{"name": "restart_service", "arguments": "{oops"}], "billing")["valid_call"]
+    assert check_call([], "billing")["why"] == "no tool call"
+
+
+def test_agent_summary_marks_dead_servers_and_speedups():
+    def row(kind: str, ttft: float, status: str = "active") -> dict:
+        extra = {"correct": True} if kind == "long" else {"valid_call": True, "right_call": True}
+        return {"kind": kind, "ttft_s": ttft, "timings": {"specprefill": status, "ttft_ms": ttft * 1e3}, **extra}
+
+    results = {"specgate_dense": {"rows": [row("long", 100, "disabled"), row("long", 120, "disabled"),
+                                           row("call", 5)], "error": None},
+               "specgate_structural": {"rows": [row("long", 50), row("long", 60), row("call", 5)], "error": None},
+               "llama_cpp_server": {"rows": [row("long", 90)], "error": "APIError: boom"}}
+    s = agent_session.summarize(results, 3)
+    assert s["specgate_structural"]["long_speedup_vs_dense"] == 2.0
+    assert s["specgate_structural"]["long_active"] == 2 and s["specgate_dense"]["long_active"] == 0
+    assert not s["llama_cpp_server"]["completed"] and "long_speedup_vs_dense" not in s["llama_cpp_server"]
+    assert s["specgate_structural"]["valid_call"] and not s["llama_cpp_server"]["valid_call"]
 
 
 def test_percentile_nearest_rank():
