@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from core.scoring import importance
 from core.selection import select_tokens
 from core.session_kv import SeqState, SessionKV
 from evals import tasks as eval_tasks
+from gateway.tool_calls import for_template
 
 if TYPE_CHECKING:  # the engine (llama.cpp) loads only when an evaluation runs
     from core.engine import Engine
@@ -58,10 +59,12 @@ def settings(quick: bool, truncated: tuple[int, ...]) -> list[Setting]:
     return out
 
 
-def kept_for(steps: list[np.ndarray], n: int, s: Setting, policy: PrefillPolicy) -> np.ndarray:
+def kept_for(steps: list[np.ndarray], n: int, s: Setting, policy: PrefillPolicy,
+             protected: tuple[tuple[int, int], ...] = ()) -> np.ndarray:
+    """The tokens a setting keeps; ``protected``: the spans the guard keeps dense."""
     scores = importance(steps[: s.lookahead + 1], n, s.pool, policy.boost_first_n, policy.boost_first_mult,
                         policy.boost_last_n, policy.boost_last_mult)
-    return select_tokens(scores, s.selection)
+    return select_tokens(scores, s.selection, protected)
 
 
 def capture(engine: Engine, tokens: tuple[int, ...]) -> tuple[list[np.ndarray], float]:
@@ -118,7 +121,8 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
                        **{f"scorer_K{k}": str(derived(k)) for k in truncated}}}
     try:
         for i, task in enumerate(tasks):
-            prompt = engine.chat.render(list(task.messages))
+            prompt = engine.chat.render([for_template(m) for m in task.messages], eval_tasks.TOOLS)
+            guard = engine.plan(prompt, replace(policy, min_tokens=0, break_even=False)).protected
             tokens, n = prompt.tokens, len(prompt)
             progress(f"eval task {i + 1}/{len(tasks)} {task.id} ({n} tokens)")
             dense_text = answer(engine, tokens, np.arange(n), "original")
@@ -126,9 +130,9 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
             steps = {"full": capture(engine, tokens)}
             for name, scorer in scorers.items():
                 steps[name] = capture(scorer, tokens)
-            full_default = kept_for(steps["full"][0], n, Setting("default"), policy)
+            full_default = kept_for(steps["full"][0], n, Setting("default"), policy, guard)
             for s in arms:
-                kept = kept_for(steps[s.scorer][0], n, s, policy)
+                kept = kept_for(steps[s.scorer][0], n, s, policy, guard)
                 overlap = len(np.intersect1d(kept, full_default)) / len(full_default) if s.scorer != "full" else None
                 rows.append(row(task, s.name, answer(engine, tokens, kept, s.mode), n, int(kept.size),
                                 steps[s.scorer][1], overlap))

@@ -3,8 +3,10 @@
 Families: single-key needle, multi-key needle (distractor keys), variable
 tracking (a chain of assignments spread through the text), multi-document QA
 over generated facts, and tool-use continuation (a long tool output, then a
-question that needs one detail of it).  Each task is a chat and an expected
-answer string; an answer is correct when it contains that string.
+question that needs one detail of it).  Each task is an agent-shaped chat, as
+the openai client sends it: the question, the assistant's tool call that
+fetched the long text, and the text as a ``role: tool`` message, with the
+tools offered; an answer is correct when it contains the expected string.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ KEYS = ["copper gate", "violet tower", "north cellar", "river lock", "glass hang
         "salt archive", "maple vault", "stone kiosk", "cedar depot"]
 CITIES = ["Lisbon", "Tallinn", "Oaxaca", "Nagoya", "Tromso", "Porto", "Quito", "Hobart", "Bergen", "Cusco"]
 PRODUCTS = ["solar valves", "ceramic gears", "wool filters", "glass lenses", "carbon springs", "brass hinges"]
-SYSTEM = "You are a careful assistant. Answer from the provided text only, briefly."
+SYSTEM = "You are a careful assistant. Answer from the tool results only, briefly."
+TOOLS: tuple[dict[str, Any], ...] = (
+    {"type": "function", "function": {
+        "name": "fetch_document", "description": "Fetch a document by name",
+        "parameters": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}},
+    {"type": "function", "function": {
+        "name": "list_orders", "description": "List today's warehouse orders",
+        "parameters": {"type": "object", "properties": {}}}},
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,8 +53,12 @@ def _insert(sentences: list[str], fact: str, depth: float) -> list[str]:
     return out
 
 
-def _chat(body: str, question: str) -> tuple[dict[str, Any], ...]:
-    return ({"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{body}\n\n{question}"})
+def _chat(body: str, question: str, tool: str = "fetch_document",
+          args: str = '{"name": "report"}') -> tuple[dict[str, Any], ...]:
+    call = {"id": "call_0", "type": "function", "function": {"name": tool, "arguments": args}}
+    return ({"role": "system", "content": SYSTEM}, {"role": "user", "content": question},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": body})
 
 
 def needle(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[str, Any], ...], str]:
@@ -103,14 +117,8 @@ def tooluse(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[st
             answer, target_order = city, order
         rows.append(f'{{"order": "{order}", "ship_to": "{city}", "qty": {qty}, "status": "'
                     f'{rng.choice(["packed", "shipped", "held", "returned"])}"}}')
-    messages = (
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": "List today's orders from the warehouse system."},
-        {"role": "assistant", "content": "I called list_orders(); here is what it returned."},
-        {"role": "user", "content": "Tool output:\n" + "\n".join(rows)
-         + f"\n\nTo which city does order {target_order} ship? Answer with the city."},
-    )
-    return messages, answer
+    question = f"To which city does today's order {target_order} ship? Answer with the city."
+    return _chat("\n".join(rows), question, "list_orders", "{}"), answer
 
 
 MAKERS = {"needle": needle, "multikey": multikey, "vartrack": vartrack, "multidoc": multidoc, "tooluse": tooluse}

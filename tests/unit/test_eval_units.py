@@ -6,7 +6,7 @@ import numpy as np
 
 from core.config import PrefillPolicy, Selection
 from evals.answer_quality import Setting, kept_for, retention_ci, settings, wilson
-from evals.tasks import FAMILIES, generate
+from evals.tasks import FAMILIES, TOOLS, generate
 
 
 def test_tasks_are_deterministic_and_carry_their_answer():
@@ -14,9 +14,12 @@ def test_tasks_are_deterministic_and_carry_their_answer():
     assert [t.messages for t in a] == [t.messages for t in b]
     assert {t.family for t in a} == set(FAMILIES) and len(a) == 10
     assert generate(1, 8, 300)[0].messages != a[0].messages
-    for t in a:
-        text = " ".join(m["content"] for m in t.messages)
-        assert t.expected in text, t.id
+    for t in a:  # agent-shaped: question, the assistant's call, the long text as its tool result
+        assert [m["role"] for m in t.messages] == ["system", "user", "assistant", "tool"], t.id
+        call = t.messages[2]["tool_calls"][0]
+        assert t.messages[3]["tool_call_id"] == call["id"]
+        assert call["function"]["name"] in {tool["function"]["name"] for tool in TOOLS}
+        assert t.expected in t.messages[3]["content"], t.id
 
 
 def test_wilson_interval():
