@@ -17,6 +17,7 @@ from typing import Any
 from bench.common import progress, write_result
 from bench.textgen import WORDS_PER_TOKEN, agent_turn
 from core.config import EngineConfig, PrefillPolicy, SamplingParams, TurnParams, override
+from core.cost_model import Costs
 from gateway.tool_calls import for_template
 
 TIE = 0.10
@@ -35,7 +36,8 @@ def run(engine_cfg: EngineConfig, policy: PrefillPolicy, lengths: list[int], out
             prompt = engine.chat.render([for_template(m) for m in doc["messages"]], doc["tools"])
             row: dict[str, Any] = {"target_tokens": n, "context_n": len(prompt),
                                    "planner": engine.plan(prompt, policy).status.value,
-                                   "planner_fresh": engine.plan(prompt, policy, costs=fresh).status.value}
+                                   "planner_fresh": engine.plan(prompt, policy, costs=fresh).status.value,
+                                   "costs": costs_json(engine.costs)}
             arms = [("dense", override(policy, enabled=False)),
                     ("specprefill", override(policy, min_tokens=0, break_even=False))]
             for arm, pol in arms if i % 2 == 0 else arms[::-1]:
@@ -70,6 +72,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "planner_right": sum(r["planner_right"] for r in decided),
             "planner_fresh_right": sum(r["planner_fresh_right"] for r in decided),
             "answers_equal": sum(r["dense"]["correct"] == r["specprefill"]["correct"] for r in rows)}
+
+
+def costs_json(costs: Costs) -> dict[str, Any]:
+    """The cost model the planner decided with: a, b, d per model and the selection priors."""
+    return {"target": costs.target.coef.tolist(), "speculator": costs.speculator.coef.tolist(),
+            "kept_ratio": round(costs.kept_ratio, 4), "run_tokens": round(costs.run_tokens, 1)}
 
 
 def policy_json(policy: PrefillPolicy) -> dict[str, Any]:
