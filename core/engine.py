@@ -139,7 +139,7 @@ class Engine:
         scanned = "".join(self.target.detokenize(prompt.tokens[a:b], special=True)
                           for a, b in tool_guard.scan_spans(prompt, policy.guard_scan_tokens))
         verdict = tool_guard.inspect(prompt, scanned, policy)
-        protected = sum(min(b, n) - max(a, q) for a, b in verdict.spans if b > q)
+        protected = int(forced_mask(n - q, 0, 0, [(a - q, b - q) for a, b in verdict.spans if b > q]).sum())
         work = Work(n_select=n - q, n_protected=protected, target_cached=sum(1 for x in kv.target.kv_pos[:q] if x >= 0),
                     n_score=n - p, speculator_cached=p, lookahead=policy.lookahead, n_batch=self.config.n_batch,
                     compact=policy.position_mode == "compact")
