@@ -27,6 +27,7 @@ PRIOR_HALF_CONTEXT = 4096  # cells at which attention costs as much as the weigh
 PRIOR_WEIGHT = 0.05  # pull toward the prior, relative to one measurement
 PRIOR_KEPT_RATIO = 0.15  # share of sparsifiable tokens kept, until selections are seen (mass 0.85: 7-20%)
 PRIOR_RUN_TOKENS = 64.0  # kept tokens per contiguous run, until selections are seen
+SLOW_SAMPLE = 1.25  # a measurement this much slower than the fit predicts is suspected of contention
 
 
 def features(m: int, c: int, calls: int) -> np.ndarray:
@@ -54,14 +55,29 @@ class PrefillCost:
 
 
 def fit(samples: list[tuple[np.ndarray, float]]) -> np.ndarray:
-    """Non-negative least squares on relative error, with a weak prior row per coefficient."""
+    """Non-negative least squares on relative error, with a weak prior row per coefficient.
+
+    Other load on the machine only ever slows a measurement down, so a sample much
+    slower than the fit predicts is down-weighted and the fit repeated: one prefill
+    that shared the cores with something else must not teach the planner that
+    scoring is dear."""
     x = np.array([f for f, _ in samples])
     y = np.array([s for _, s in samples])
+    weights = np.ones(len(y))
+    coef = _solve(x, y, weights)
+    for _ in range(2):
+        slow = y / np.maximum(x @ coef, 1e-12)
+        weights = np.where(slow > SLOW_SAMPLE, (SLOW_SAMPLE / slow) ** 4, 1.0)
+        coef = _solve(x, y, weights)
+    return coef
+
+
+def _solve(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
     per_token = float(np.median(y / x[:, 0]))  # a rough a, which scales the prior
     prior = np.array([per_token, per_token / PRIOR_HALF_CONTEXT, 0.0])
     scale = np.array([per_token, per_token / PRIOR_HALF_CONTEXT, per_token])  # makes the prior rows unitless
-    rows = np.vstack([x / y[:, None], np.diag(PRIOR_WEIGHT / scale)])
-    target = np.concatenate([np.ones(len(y)), PRIOR_WEIGHT * prior / scale])
+    rows = np.vstack([x * (weights / y)[:, None], np.diag(PRIOR_WEIGHT / scale)])
+    target = np.concatenate([weights, PRIOR_WEIGHT * prior / scale])
     free = np.ones(3, dtype=bool)
     coef = np.zeros(3)
     while free.any():  # drop a coefficient that goes negative and solve again

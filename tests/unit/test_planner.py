@@ -158,3 +158,15 @@ def test_structural_guard_on_a_long_user_document():
     assert set(range(0, 16)) <= kept and set(range(3744, 4003)) <= kept
     assert not kept & set(range(16, 3744))
     assert "its last 256 tokens" in v.kept
+
+
+def test_one_contended_measurement_does_not_teach_the_planner_that_scoring_is_dear():
+    truth = np.array([0.004, 3e-7, 0.01])
+    clean, dirty = PrefillCost(), PrefillCost()
+    shapes = [(128, 0, 1), (1, 128, 1), (1300, 0, 3), (1, 1300, 1), (4300, 0, 9), (1, 4300, 1), (1, 8000, 1)]
+    for m, c, calls in shapes:
+        for cost in (clean, dirty):
+            cost.observe(m, c, calls, float(features(m, c, calls) @ truth))
+    dirty.observe(2300, 0, 5, 3 * float(features(2300, 0, 5) @ truth))  # shared the cores with a build
+    dirty.observe(1, 2300, 1, 6 * float(features(1, 2300, 1) @ truth))
+    assert dirty.seconds(8000, 0, 16) == pytest.approx(clean.seconds(8000, 0, 16), rel=0.02)  # plain LSQ: 7.6% off
