@@ -77,6 +77,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def costs_json(costs: Costs) -> dict[str, Any]:
     """The cost model the planner decided with: a, b, d per model and the selection priors."""
     return {"target": costs.target.coef.tolist(), "speculator": costs.speculator.coef.tolist(),
+            "speculator_step": costs.speculator_step.coef.tolist(),
             "kept_ratio": round(costs.kept_ratio, 4), "run_tokens": round(costs.run_tokens, 1)}
 
 

@@ -10,7 +10,7 @@ is what makes an 8K prompt cost more than twice a 4K one: each token attends to
 every cell before it), ``d`` the per-call overhead that makes many small
 sparse-prefill runs dearer than one batch.  The three are refitted by least
 squares on relative error over recent measurements: the calibration at load,
-then every real prefill and lookahead step.  A short calibration prompt cannot
+then every real prefill (one-token lookahead steps are fitted apart).  A short calibration prompt cannot
 see attention, so the fit is pulled gently toward a prior for ``b`` (attention
 as costly as the weights at ``PRIOR_HALF_CONTEXT`` cells); real long prompts
 overrule it.
@@ -91,10 +91,13 @@ def _solve(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 @dataclass(slots=True)
 class Costs:
-    """Both models' cost functions and what selections have kept so far."""
+    """Both models' prefill cost functions, the speculator's one-token steps (a separate
+    regime: memory-bound, with the graph overhead of a tiny batch, so they would bias a
+    prefill fit), and what selections have kept so far."""
 
     target: PrefillCost = field(default_factory=PrefillCost)
     speculator: PrefillCost = field(default_factory=PrefillCost)
+    speculator_step: PrefillCost = field(default_factory=PrefillCost)
     kept_ratio: float = PRIOR_KEPT_RATIO  # of the tokens the guard leaves free
     run_tokens: float = PRIOR_RUN_TOKENS
     alpha: float = 0.3
@@ -150,5 +153,5 @@ def estimate(work: Work, costs: Costs) -> Estimate:
     # the speculator prefills all but the last token, then decodes it and the lookahead one by one
     n_prefill, n_context = max(0, work.n_score - 1), work.speculator_cached + work.n_score
     scoring = (costs.speculator.seconds(n_prefill, work.speculator_cached, _calls(n_prefill, work.n_batch))
-               + (work.lookahead + 1) * costs.speculator.seconds(1, n_context))
+               + (work.lookahead + 1) * costs.speculator_step.seconds(1, n_context))
     return Estimate(dense, sparse, scoring, kept)

@@ -94,9 +94,9 @@ class Engine:
 
     # -- measurement --------------------------------------------------------
     def calibrate(self, n_tokens: int) -> None:
-        """Seed both models' cost functions: a prefill of ``n_tokens`` and a one-token step
-        after it, each timed twice and the faster kept (other load only ever slows a run
-        down).  Every real prefill refines them afterwards (core.cost_model)."""
+        """Seed the cost functions: both models' prefill of ``n_tokens`` and the speculator's
+        one-token step after it, each timed twice and the faster kept (other load only ever
+        slows a run down).  Every real prefill and step refines them (core.cost_model)."""
         text = CALIBRATION_TEXT * (n_tokens // 20 + 2)
         tokens = self.target.tokenize(text, add_special=False)[:n_tokens]
         n = len(tokens)
@@ -112,7 +112,8 @@ class Engine:
                 ctx.decode([tokens[0]], n)
                 prefill, step = min(prefill, t1 - t0), min(step, time.perf_counter() - t1)
             cost.observe(n, 0, self._calls(n), prefill)
-            cost.observe(1, n, 1, step)
+            if ctx is self.speculator_ctx:
+                self.costs.speculator_step.observe(1, n, 1, step)
             ctx.clear()
 
     # -- one request ----------------------------------------------------------
@@ -167,7 +168,7 @@ class Engine:
             self.capture.start(n)
             t_step = time.perf_counter()
             ctx.decode([tok], pos)
-            self.costs.speculator.observe(1, pos, 1, time.perf_counter() - t_step)
+            self.costs.speculator_step.observe(1, pos, 1, time.perf_counter() - t_step)
             steps.append(self.capture.stop())
             tok = int(np.argmax(ctx.logits()))
         ctx.remove_from(base + 1)  # lookahead tokens are not context

@@ -19,7 +19,7 @@ def work(n: int, protected: int = 0, lookahead: int = 8, n_batch: int = 512) -> 
 
 
 SPEEDS = Costs(target=PrefillCost(coef=np.array([0.025, 0.0, 0.01])), speculator=linear(0.01),
-               kept_ratio=0.15, run_tokens=64.0)
+               speculator_step=linear(0.01), kept_ratio=0.15, run_tokens=64.0)
 
 
 def test_disabled_first():
@@ -50,7 +50,7 @@ def test_break_even_compares_dense_with_scoring_plus_sparse():
     assert est.sparse_s == pytest.approx(11.32) and est.scoring_s == pytest.approx(30.08)
     assert plan(work(3000), PrefillPolicy(min_tokens=0), CLEAR, SPEEDS).status is Status.ACTIVE
     # a speculator as slow as the target can never pay back
-    slow = Costs(target=linear(0.025), speculator=linear(0.025))
+    slow = Costs(target=linear(0.025), speculator=linear(0.025), speculator_step=linear(0.025))
     p = plan(work(3000), PrefillPolicy(min_tokens=0), CLEAR, slow)
     assert p.status is Status.SKIPPED_BREAK_EVEN and not p.score and "dense ~75" in p.reason
 
@@ -62,7 +62,7 @@ def test_protected_tokens_are_not_savings():
 
 
 def test_break_even_off_or_uncalibrated_scores():
-    slow = Costs(target=linear(0.025), speculator=linear(0.025))
+    slow = Costs(target=linear(0.025), speculator=linear(0.025), speculator_step=linear(0.025))
     assert plan(work(3000), PrefillPolicy(min_tokens=0, break_even=False), CLEAR, slow).status is Status.ACTIVE
     assert plan(work(3000), PrefillPolicy(min_tokens=0), CLEAR, Costs()).status is Status.ACTIVE
 
