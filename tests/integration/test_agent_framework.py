@@ -1,7 +1,8 @@
 """A real agent framework, unchanged, pointed at the gateway: LangChain's ChatOpenAI with
 one tool, on the real pair.  It names its session only by header (created on first use),
 gets a parsed tool call back, returns the tool's result as a ToolMessage, and continues
-the same session."""
+the same session.  (What the 1.5B says after the tool result is not asserted: it tends to
+repeat the call.)"""
 
 from __future__ import annotations
 
@@ -34,10 +35,10 @@ def test_langchain_chat_openai_tool_loop():
         (call,) = first.tool_calls
         assert call["name"] == "get_weather" and call["args"] == {"city": "Oslo"}
         messages += [first, ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])]
-        final = agent.invoke(messages)
-        assert not final.tool_calls and "21" in final.content
+        final = agent.invoke(messages)  # LangChain's ToolMessage round trip is accepted...
+        # ...and continues the same session: the second request reused the first one's KV
+        assert final.usage_metadata["input_token_details"]["cache_read"] >= first.usage_metadata["input_tokens"]
         view = httpx.get(f"{gw.base}/v1/sessions/langchain-run-1").json()
         assert view["turns"] == 2  # the header alone created and continued the session
-        assert view["target_cached_tokens"] > view["prompt_tokens"] // 3  # the second turn reused the first
     finally:
         gw.stop()
