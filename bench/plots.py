@@ -20,15 +20,8 @@ def first_turn(summary: list[dict[str, Any]], out: Path) -> None:
     for r in summary:
         ax.annotate(f"{r['compact_speedup']:.2f}x", (r["context_n"], r["compact_ttft_ms"] / 1e3),
                     textcoords="offset points", xytext=(4, -12), fontsize=8)
-    ax.set_xlabel("prompt tokens")
-    ax.set_ylabel("TTFT (s)")
-    ax.set_title("First-turn TTFT, Qwen2.5-Coder 1.5B target / 0.5B speculator, 2 CPU cores")
-    ax.title.set_fontsize(9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    _finish(fig, ax, out, "prompt tokens", "TTFT (s)",
+            "First-turn TTFT, Qwen2.5-Coder 1.5B target / 0.5B speculator, 2 CPU cores")
 
 
 def planner(rows: list[dict[str, Any]], out: Path) -> None:
@@ -40,15 +33,8 @@ def planner(rows: list[dict[str, Any]], out: Path) -> None:
         mark = "right" if r["planner_right"] else "WRONG"
         ax.annotate(f"planner: {r['planner']} ({mark})", (r["context_n"], r["dense"]["ttft_ms"] / 1e3),
                     textcoords="offset points", xytext=(-40, 8), fontsize=7)
-    ax.set_xlabel("prompt tokens (agent-shaped: tools, a tool call, a long tool result)")
-    ax.set_ylabel("TTFT (s)")
-    ax.set_title("Planner decisions against measured TTFT, Qwen2.5-Coder 1.5B / 0.5B, 2 CPU cores")
-    ax.title.set_fontsize(9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    _finish(fig, ax, out, "prompt tokens (agent-shaped: tools, a tool call, a long tool result)", "TTFT (s)",
+            "Planner decisions against measured TTFT, Qwen2.5-Coder 1.5B / 0.5B, 2 CPU cores")
 
 
 def agent_session(summary: dict[str, Any], out: Path) -> None:
@@ -59,15 +45,8 @@ def agent_session(summary: dict[str, Any], out: Path) -> None:
         note = (f"{s['long_correct']}/{s['long_turns']} right, call {'valid' if s['valid_call'] else 'INVALID'}"
                 if s["completed"] else "did not complete")
         ax.bar([t - 0.4 + (k + 0.5) * width for t in turns], s["long_ttft_s"], width, label=f"{arm} ({note})")
-    ax.set_xlabel("long tool-result turn")
-    ax.set_ylabel("TTFT at the client (s)")
-    ax.set_title("Agent session (tools, role: tool results), Qwen2.5-Coder 1.5B / 0.5B, 2 CPU cores")
-    ax.title.set_fontsize(9)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    _finish(fig, ax, out, "long tool-result turn", "TTFT at the client (s)",
+            "Agent session (tools, role: tool results), Qwen2.5-Coder 1.5B / 0.5B, 2 CPU cores", legend_size=7)
 
 
 def overhead(values: list[float], scaling: list[dict[str, Any]], out: Path) -> None:
@@ -134,6 +113,17 @@ def specattn_decode(contexts: list[dict[str, Any]], out: Path) -> None:
     ax.set_title("Decode speed, Qwen2.5-Coder 1.5B target / 0.5B draft, 2 CPU cores", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     ax.legend()
+    _save(fig, out)
+
+
+def _finish(fig: Any, ax: Any, out: Path, xlabel: str, ylabel: str, title: str,
+            legend_size: int | None = None) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
     _save(fig, out)
 
 
