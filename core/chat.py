@@ -1,14 +1,21 @@
 """Render chat messages through the model's own chat template into a Prompt.
 
 The template is the GGUF's ``tokenizer.chat_template`` (Jinja), rendered in a
-sandbox.  Message token spans come from rendering each prefix of the
-conversation, so the guard knows where system and tool messages sit.
+sandbox.  Message spans cost one extra render, not one per prefix: every
+non-empty content is wrapped in private-use sentinels, the marked conversation
+is rendered once, and the sentinels' offsets (checked to leave exactly the
+real rendering when removed) become token spans through the tokens' byte
+lengths.  A template that rewrites content fails that check, and the prompt
+then carries no spans (the guard treats it as a raw prompt).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+import re
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from jinja2.exceptions import TemplateError
@@ -25,6 +32,8 @@ CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+OPEN, CLOSE = "\ue000", "\ue001"  # private-use code points: no tokenizer or template gives them meaning
+SENTINEL = re.compile(f"{OPEN}([se])(\\d+){CLOSE}")
 
 
 def _raise(message: str) -> None:
@@ -34,6 +43,61 @@ def _raise(message: str) -> None:
 def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
     # HF's tojson: no HTML escaping, unicode kept
     return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def mark(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with every non-empty content between a start and an end sentinel."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        out.append({**m, "content": f"{OPEN}s{i}{CLOSE}{content}{OPEN}e{i}{CLOSE}"} if content else m)
+    return out
+
+
+def content_offsets(marked_text: str, text: str) -> dict[tuple[str, int], int] | None:
+    """Byte offsets, in ``text``, of each sentinel of ``marked_text``: ``("s"|"e", i)``.
+    None when removing the sentinels does not give exactly ``text``."""
+    offsets: dict[tuple[str, int], int] = {}
+    plain: list[str] = []
+    at = 0
+    pos = 0
+    for m in SENTINEL.finditer(marked_text):
+        piece = marked_text[pos:m.start()]
+        plain.append(piece)
+        at += len(piece.encode("utf-8"))
+        offsets[(m.group(1), int(m.group(2)))] = at
+        pos = m.end()
+    plain.append(marked_text[pos:])
+    return offsets if "".join(plain) == text else None
+
+
+def message_bounds(offsets: dict[tuple[str, int], int], n_messages: int, n_bytes: int,
+                   preamble: bool) -> list[tuple[str | int, int, int]]:
+    """Byte spans ``(index, start, end)`` of the messages (index ``"preamble"`` for a tool
+    block the template puts before the first message's content).
+
+    A message runs from its content to the next message's content, so the template's
+    text between them -- the end marker, the next header, tool definitions appended to
+    the system prompt -- belongs to the message before.  A message without content (a
+    tool call) starts where the previous content ended; the last message ends with its
+    content, leaving the generation prompt after every span."""
+    starts = []
+    for i in range(n_messages):
+        if ("s", i) in offsets:
+            starts.append(offsets[("s", i)])
+        elif i and ("e", i - 1) in offsets:
+            starts.append(offsets[("e", i - 1)])
+        else:
+            starts.append(starts[-1] if starts else 0)
+    out: list[tuple[str | int, int, int]] = []
+    if preamble and starts and starts[0] > 0:
+        out.append(("preamble", 0, starts[0]))
+    else:
+        starts[0:1] = [0] * bool(starts)
+    last = n_messages - 1
+    ends = [*starts[1:], offsets.get(("e", last), n_bytes)] if n_messages else []
+    out += [(i, a, max(a, b)) for i, (a, b) in enumerate(zip(starts, ends, strict=True))]
+    return out
 
 
 class ChatTemplate:
@@ -51,7 +115,7 @@ class ChatTemplate:
             return self._template.render(messages=list(messages), tools=list(tools) if tools else None,
                                          add_generation_prompt=add_generation_prompt,
                                          bos_token="", eos_token="")
-        except TemplateError as exc:
+        except (TemplateError, RecursionError) as exc:
             raise InvalidRequest(f"chat template rejected the messages: {exc}") from exc
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
@@ -59,27 +123,32 @@ class ChatTemplate:
         validate_messages(messages)
         text = self.render_text(messages, tools, add_generation_prompt=True)
         tokens = self.model.tokenize(text, add_special=True, parse_special=True)
-        spans = self._preamble(text, messages, tools)
-        start = spans[0].end if spans else 0
-        for i, message in enumerate(messages):
-            prefix = self.render_text(messages[: i + 1], tools, add_generation_prompt=False)
-            end = min(len(tokens), len(self.model.tokenize(prefix, add_special=True, parse_special=True)))
-            spans.append(Span(message["role"], start, end, bool(message.get("tool_calls"))))
-            start = end
+        spans = self._spans(text, tokens, messages, tools)
         return Prompt(tuple(tokens), tuple(spans), has_tools=bool(tools), has_grammar=has_grammar)
 
-    def _preamble(self, text: str, messages: Sequence[dict[str, Any]],
-                  tools: Sequence[dict[str, Any]] | None) -> list[Span]:
-        """Templates put tool definitions in a system block of their own when the
-        conversation has no system message; that block is a span too."""
-        first = messages[0]
-        if not tools or first["role"] == "system" or not first.get("content"):
+    def _spans(self, text: str, tokens: list[int], messages: Sequence[dict[str, Any]],
+               tools: Sequence[dict[str, Any]] | None) -> list[Span]:
+        offsets = content_offsets(self.render_text(mark(messages), tools, add_generation_prompt=True), text)
+        if offsets is None:
             return []
-        at = text.find(first["content"])
-        if at <= 0:
+        ends = list(accumulate(len(self.model.token_bytes(t, special=True)) for t in tokens))
+        lead = (ends[-1] if ends else 0) - len(text.encode("utf-8"))  # a BOS the text does not hold
+        if lead < 0 or (lead and ends[0] != lead):
             return []
-        end = len(self.model.tokenize(text[:at], add_special=True, parse_special=True))
-        return [Span("system", 0, end)] if end else []
+        preamble = bool(tools) and messages[0]["role"] != "system"
+
+        def token_at(byte: int) -> int:  # the first token that ends past ``byte``
+            return min(len(tokens), bisect.bisect_right(ends, byte + lead))
+
+        spans = []
+        for index, start, end in message_bounds(offsets, len(messages), ends[-1] - lead if ends else 0, preamble):
+            a, b = token_at(start), token_at(end)
+            if index == "preamble":
+                spans.append(Span("system", a, b))
+            else:
+                m = messages[int(index)]
+                spans.append(Span(m["role"], a, b, bool(m.get("tool_calls"))))
+        return spans
 
 
 def validate_messages(messages: Sequence[dict[str, Any]]) -> None:

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from core.config import PrefillPolicy
 from core.prompt import Prompt, Span
 
-STRUCT_HEAD = 4  # "<|im_start|>role\n" and the like: a message's opening template tokens
-STRUCT_TAIL = 3  # "<|im_end|>\n" and the like
+STRUCT_HEAD = 4  # "<|im_start|>role\n": the first span opens with its header
+STRUCT_TAIL = 6  # "<|im_end|>\n<|im_start|>role\n": a message span ends with the next header
 
 
 @dataclass(slots=True, frozen=True)

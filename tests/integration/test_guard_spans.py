@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bench.textgen import agent_turn
 from core.config import PrefillPolicy
+from core.guard import STRUCT_TAIL
 from gateway.tool_calls import for_template
 
 
@@ -28,7 +29,7 @@ def test_agent_prompt_keeps_tools_call_and_headers_and_frees_the_result(tiny_eng
                  "<tool_response>", "<|im_start|>assistant"):
         assert must in dense_text, must
     result = next(s for s in prompt.spans if s.role == "tool")
-    assert len(kept & set(range(result.start, result.end))) <= 32 + 3  # only its header and closing tokens
+    assert len(kept & set(range(result.start, result.end))) <= 32 + STRUCT_TAIL  # only its header and closing tokens
     assert len(kept) < 0.4 * len(prompt)
     skipped = tiny_engine.plan(prompt, PrefillPolicy(min_tokens=0, break_even=False, guard_mode="skip"))
     assert skipped.status == "skipped_tool_guard" and "request defines tools" in skipped.reason
