@@ -1,21 +1,49 @@
-"""``specgate serve``: the HTTP/WebSocket gateway on the configured models."""
+"""``specgate serve``: the HTTP/WebSocket gateway on the configured models.
+
+SIGTERM (or Ctrl-C) drains before it stops: while the socket still listens,
+``/ready`` answers 503 and new turns 503 ``shutting_down``, running turns get
+``drain_timeout_s`` to finish, WebSockets close with 1001 and session records
+are flushed to the store; then the server closes.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from core.config import ServeConfig
+
+
+async def serve(config: ServeConfig) -> None:
+    from aiohttp import web
+
+    from gateway.app import app_runner, create_app, drain
+
+    app = create_app(config)
+    runner = app_runner(app)
+    await runner.setup()
+    await web.TCPSite(runner, config.gateway.host, config.gateway.port).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        await drain(app)
+    finally:
+        await runner.cleanup()
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
     from core.config import ServeConfig, build, override
     from core.model_files import with_default_models
-    from gateway.app import create_app
     from gateway.logs import configure
 
     config = build(ServeConfig, vars(args))
     config = override(config, engine=with_default_models(config.engine))
     configure(config.gateway.log_level)
-    web.run_app(create_app(config), host=config.gateway.host, port=config.gateway.port, print=None,
-                access_log=None)
+    asyncio.run(serve(config))
     return 0

@@ -171,6 +171,26 @@ class SamplingParams:
 
 
 @dataclass(slots=True, frozen=True)
+class Limits:
+    """What one client may ask of the server; over a limit is a 400 or 413 naming it."""
+
+    max_messages: int = 2048
+    max_prompt_chars: int = 0  # characters of content before templating; 0 = 16 per context token
+    max_tool_depth: int = 16  # JSON nesting of the tool definitions
+    max_tokens_cap: int = 4096  # the largest max_tokens a request may ask for
+    max_sessions: int = 4096  # live sessions in this process
+    max_sessions_per_key: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("max_messages", "max_tool_depth", "max_tokens_cap", "max_sessions", "max_sessions_per_key"):
+            _require(getattr(self, name) >= 1, f"{name} must be >= 1")
+        _require(self.max_prompt_chars >= 0, "max_prompt_chars must be >= 0")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass(slots=True, frozen=True)
 class GatewayConfig:
     """The HTTP server, sessions and the metadata store."""
 
@@ -185,6 +205,11 @@ class GatewayConfig:
     max_queue: int = 64
     max_body_mb: int = 16
     log_level: str = "info"
+    api_keys: tuple[str, ...] = ()  # SPECGATE_API_KEYS=k1,k2; none (and no file) = no authentication
+    api_keys_file: str = ""  # one key per line, '#' comments
+    kv_spill_max_mb: int = 8192  # disk the spilled KV may take; past it the oldest spills are dropped
+    drain_timeout_s: float = 30.0  # SIGTERM: how long running turns may take to finish
+    limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port}")
@@ -193,6 +218,8 @@ class GatewayConfig:
         _require(self.max_queue >= 1, "max_queue must be >= 1")
         _require(self.max_body_mb >= 1, "max_body_mb must be >= 1")
         _one_of("log_level", self.log_level, ("debug", "info", "warning", "error"))
+        _require(self.kv_spill_max_mb >= 0, "kv_spill_max_mb must be >= 0")
+        _require(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
 
 
 @dataclass(slots=True, frozen=True)

@@ -9,7 +9,7 @@ model worker thread (core.worker), never from the event loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -201,9 +201,17 @@ class Engine:
         return base + len(delta)
 
     def run(self, prompt: Prompt, params: TurnParams, on_text: OnText | None = None,
-            kv: SessionKV | None = None) -> Result:
+            kv: SessionKV | None = None, abort: Callable[[], bool] | None = None) -> Result:
         """One turn.  With ``kv`` (a session whose KV is resident in both contexts) only
-        the delta against the session's tokens is prefilled; without it, a fresh context."""
+        the delta against the session's tokens is prefilled; without it, a fresh context.
+        ``abort`` is polled between prefill batches (:class:`TurnCancelled` when it says so)."""
+        self.target_ctx.abort = self.speculator_ctx.abort = abort
+        try:
+            return self._run(prompt, params, on_text, kv)
+        finally:
+            self.target_ctx.abort = self.speculator_ctx.abort = None
+
+    def _run(self, prompt: Prompt, params: TurnParams, on_text: OnText | None, kv: SessionKV | None) -> Result:
         self.check_prompt(prompt)
         persistent = kv is not None
         if kv is None:

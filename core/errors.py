@@ -8,6 +8,8 @@ errors lives in exactly one place (the class attributes below).
     SpecGateError
     ├── ConfigError            invalid configuration or request parameters (400)
     │   └── InvalidRequest     malformed request body or messages (400)
+    │       └── RequestTooLarge    over a configured request limit (413)
+    ├── Unauthorized           missing or unknown API key (401)
     ├── ModelError             a model file cannot be used (500 at load time)
     │   ├── ModelFileError     missing, unreadable or not GGUF
     │   └── VocabMismatch      speculator and target do not share a tokenizer
@@ -15,9 +17,12 @@ errors lives in exactly one place (the class attributes below).
     │   ├── EmptyPrompt
     │   └── PromptTooLong      more tokens than the context holds (names both)
     ├── EngineError            llama.cpp refused an operation (500)
+    ├── TurnCancelled          the client left or cancelled; the turn stopped early (499)
     ├── SessionNotFound        unknown session id (404)
     ├── SessionBusy            a turn is already running for the session (409)
     ├── QueueFull              the admission queue is full (429)
+    ├── SessionLimit           the session cap (per key or in total) is reached (429)
+    ├── ShuttingDown           the server is draining for a restart (503)
     ├── StoreUnavailable       the metadata store (Redis) cannot be reached (503)
     └── FetchError             a model package could not be fetched or verified
 """
@@ -39,6 +44,16 @@ class ConfigError(SpecGateError, ValueError):
 
 class InvalidRequest(ConfigError):
     code = "invalid_request"
+
+
+class RequestTooLarge(InvalidRequest):
+    status = 413
+    code = "request_too_large"
+
+
+class Unauthorized(SpecGateError):
+    status = 401
+    code = "invalid_api_key"
 
 
 class ModelError(SpecGateError):
@@ -79,6 +94,11 @@ class EngineError(SpecGateError):
     code = "engine_error"
 
 
+class TurnCancelled(SpecGateError):
+    status = 499  # nginx's "client closed request": nobody is left to read it
+    code = "cancelled"
+
+
 class SessionNotFound(SpecGateError):
     status = 404
     code = "session_not_found"
@@ -96,6 +116,16 @@ class QueueFull(SpecGateError):
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class SessionLimit(SpecGateError):
+    status = 429
+    code = "too_many_sessions"
+
+
+class ShuttingDown(SpecGateError):
+    status = 503
+    code = "shutting_down"
 
 
 class StoreUnavailable(SpecGateError):

@@ -11,13 +11,13 @@ import functools
 import re
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 
-from core.errors import EngineError, ModelFileError, PromptTooLong
+from core.errors import EngineError, ModelFileError, PromptTooLong, TurnCancelled
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -296,6 +296,7 @@ class Context:
         self.n_batch = n_batch
         self._mem = llama_cpp.llama_get_memory(self._ptr)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 2)
+        self.abort: Callable[[], bool] | None = None  # checked between batches: a cancelled turn stops there
 
     def close(self) -> None:
         if self._ptr:
@@ -363,6 +364,8 @@ class Context:
             raise EngineError(f"logits for {n} tokens exceed one batch of {self.n_batch}")
         batch = self._batch
         for off in range(0, n, self.n_batch):
+            if self.abort is not None and self.abort():
+                raise TurnCancelled("the turn was cancelled during prefill")
             part = tokens[off: off + self.n_batch]
             batch.n_tokens = len(part)
             for i, tok in enumerate(part):

@@ -7,6 +7,7 @@ slots through a queue; HTTP code never holds a context.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,7 @@ from typing import TypeVar
 
 from core.config import EngineConfig
 from core.engine import Engine
+from core.errors import EngineError
 
 T = TypeVar("T")
 
@@ -42,11 +44,13 @@ class ModelWorker:
         self.state = ModelState.READY
 
     async def call(self, fn: Callable[[Engine], T]) -> T:
-        """Run ``fn(engine)`` on the model thread."""
+        """Run ``fn(engine)`` on the model thread, in a copy of the caller's context (so its
+        log lines keep the request and session ids)."""
         engine = self._engine
         if engine is None:
-            raise RuntimeError(f"model worker is {self.state}")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, engine)
+            raise EngineError(f"the models are {self.state.value}: {self.error or 'not started'}")
+        ctx = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self._pool, ctx.run, fn, engine)
 
     async def close(self) -> None:
         engine, self._engine = self._engine, None

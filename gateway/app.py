@@ -1,21 +1,27 @@
 """The aiohttp application factory and the lifecycles of its resources.
 
 Every resource is a cleanup context, started in order and closed in reverse:
-models (on their worker thread) -> metadata store -> scheduler and sessions.
+models (on their worker thread) -> metadata store and its writer -> scheduler,
+sessions and the expiry sweeper.  :func:`drain` is the graceful half of a
+shutdown (see ``specgate serve``): it runs on SIGTERM while the server still
+listens, and again, as a no-op, from ``on_shutdown``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import structlog
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 
 from core.config import ServeConfig, TurnParams
 from core.worker import ModelState, ModelWorker
-from gateway import http_api, keys, ws_api
+from gateway import auth, http_api, keys, openapi, ws_api
 from gateway.errors import Handler, error_middleware
 from gateway.metrics import Metrics
 from gateway.turns import TurnRunner
@@ -23,6 +29,7 @@ from sessions.manager import SessionManager
 from sessions.metadata import open_store
 from sessions.parked_kv import ParkedKV
 from sessions.scheduler import FairScheduler
+from sessions.store_writer import StoreWriter
 
 log = structlog.get_logger("specgate.http")
 
@@ -31,7 +38,7 @@ log = structlog.get_logger("specgate.http")
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = request.headers.get("X-Request-Id") or f"req-{uuid.uuid4().hex[:12]}"
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request_id, session_id=request.headers.get("X-Session-Id"))
+    structlog.contextvars.bind_contextvars(request_id=request_id[:64], session_id=request.headers.get("X-Session-Id"))
     t0 = time.perf_counter()
     response = await handler(request)
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
@@ -40,8 +47,15 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         log.info("request_end", method=request.method, path=request.path, status=response.status,
                  ms=round((time.perf_counter() - t0) * 1e3, 1))
     if not response.prepared:
-        response.headers.setdefault("X-Request-Id", request_id)
+        response.headers.setdefault("X-Request-Id", request_id[:64])
     return response
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path not in auth.OPEN_PATHS:
+        request[auth.OWNER] = request.app[keys.API_KEYS].owner(request.headers.get("Authorization"))
+    return await handler(request)
 
 
 async def worker_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -50,7 +64,7 @@ async def worker_ctx(app: web.Application) -> AsyncIterator[None]:
     app[keys.WORKER] = worker
     t0 = time.perf_counter()
     await worker.start()
-    log.info("models_loaded", target=engine.target, speculator=engine.speculator,
+    log.info("models_loaded", target=Path(engine.target).name, speculator=Path(engine.speculator).name,
              ms=round((time.perf_counter() - t0) * 1e3))
     if worker.state is ModelState.READY:
         lmap = await worker.call(lambda engine: engine.layer_map)
@@ -62,39 +76,104 @@ async def worker_ctx(app: web.Application) -> AsyncIterator[None]:
 async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     cfg = app[keys.CONFIG].gateway
     store = open_store(cfg.redis_url, cfg.session_ttl_s)
-    app[keys.STORE] = store
+    writer = StoreWriter(store)
+    app[keys.STORE], app[keys.WRITER] = store, writer
     log.info("store_opened", kind=store.kind, reachable=await store.ping())
+    writer.start()
     yield
+    await writer.stop(flush_timeout_s=min(5.0, cfg.drain_timeout_s))
     await store.close()
 
 
+def model_fingerprint(config: ServeConfig) -> bytes:
+    """Which model pair a spilled KV file belongs to (names and sizes: cheap, and enough)."""
+    parts = []
+    for path in (config.engine.target, config.engine.speculator):
+        p = Path(path)
+        parts.append(f"{p.name}:{p.stat().st_size if p.exists() else 0}")
+    return "|".join(parts).encode()
+
+
 async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
-    cfg = app[keys.CONFIG].gateway
+    config = app[keys.CONFIG]
+    cfg = config.gateway
     scheduler = FairScheduler(cfg.max_queue)
-    parked = ParkedKV(cfg.kv_budget_mb << 20, cfg.kv_spill_dir or None)
-    manager = SessionManager(app[keys.WORKER], app[keys.STORE], parked, scheduler)
-    metrics = app[keys.METRICS]
-    app[keys.SCHEDULER], app[keys.PARKED], app[keys.MANAGER] = scheduler, parked, manager
-    app[keys.RUNNER] = TurnRunner(manager, metrics, cfg.auto_create_sessions)
-    metrics.gauges.update({
-        "specgate_live_sessions": lambda: manager.live,
-        "specgate_kv_bytes_ram": lambda: parked.bytes_in_ram,
-        "specgate_kv_evictions": lambda: parked.evictions,
-        "specgate_queue_depth": lambda: scheduler.depth,
+    parked = ParkedKV(cfg.kv_budget_mb << 20, cfg.kv_spill_dir or None, model_fingerprint(config),
+                      cfg.kv_spill_max_mb << 20)
+    manager = SessionManager(app[keys.WORKER], app[keys.STORE], parked, scheduler, app[keys.WRITER],
+                             cfg.limits, cfg.session_ttl_s)
+    runner = TurnRunner(manager, app[keys.METRICS], cfg.auto_create_sessions)
+    app[keys.SCHEDULER], app[keys.PARKED], app[keys.MANAGER], app[keys.RUNNER] = scheduler, parked, manager, runner
+    live = app[keys.METRICS].live
+    writer = app[keys.WRITER]
+    live.gauges.update({
+        "specgate_live_sessions": ("Sessions held in this process.", lambda: manager.live),
+        "specgate_running_turns": ("Turns running or queued.", lambda: len(runner.turns)),
+        "specgate_queue_depth": ("Jobs queued for the model thread, plus the running one.",
+                                 lambda: scheduler.depth),
+        "specgate_kv_bytes_ram": ("Parked session KV held in RAM.", lambda: parked.bytes_in_ram),
+        "specgate_kv_bytes_disk": ("Parked session KV spilled to disk.", lambda: parked.bytes_on_disk),
+        "specgate_store_pending_writes": ("Session records waiting for the store.", lambda: writer.pending),
+        "specgate_store_degraded": ("1 while store writes are failing.", lambda: int(writer.degraded)),
+    })
+    live.counters.update({
+        "specgate_kv_evictions": ("Parked KV evicted from RAM.", lambda: parked.evictions),
+        "specgate_spill_writes": ("KV spill files written.", lambda: parked.spill_writes),
+        "specgate_spill_failures": ("KV spill writes that failed (the session rebuilds).",
+                                    lambda: parked.spill_failures),
+        "specgate_spill_rejected": ("KV spill files discarded by their checks.", lambda: parked.spill_rejected),
+        "specgate_store_errors": ("Failed metadata store writes (retried).", lambda: writer.failed_writes),
     })
     scheduler.start()
+    sweeper = asyncio.create_task(_sweep(manager, max(1.0, min(60.0, cfg.session_ttl_s / 10))),
+                                  name="specgate-sweeper")
     yield
+    sweeper.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sweeper
     await scheduler.stop()
 
 
+async def _sweep(manager: SessionManager, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        manager.sweep()
+
+
+async def drain(app: web.Application) -> None:
+    """Graceful shutdown: ``/ready`` and new turns answer 503, running turns get
+    ``drain_timeout_s`` to finish, WebSockets close with 1001, records are flushed."""
+    runner = app.get(keys.RUNNER)
+    if runner is None or runner.draining:
+        return
+    cfg = app[keys.CONFIG].gateway
+    log.info("drain_start", running=len(runner.turns), timeout_s=cfg.drain_timeout_s)
+    cancelled = await runner.drain(cfg.drain_timeout_s)
+    sockets = app[keys.WEBSOCKETS]
+    for ws in tuple(sockets):
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+    flushed = await app[keys.WRITER].flush(min(5.0, cfg.drain_timeout_s))
+    log.info("drain_done", cancelled=cancelled, store_flushed=flushed)
+
+
+def app_runner(app: web.Application) -> web.AppRunner:
+    """The runner every server uses: a client that leaves cancels its handler (and so its turn)."""
+    return web.AppRunner(app, handler_cancellation=True, access_log=None)
+
+
 def create_app(config: ServeConfig) -> web.Application:
-    app = web.Application(middlewares=[request_context, error_middleware],
+    app = web.Application(middlewares=[request_context, error_middleware, authenticate],
                           client_max_size=config.gateway.max_body_mb << 20)
     app[keys.CONFIG] = config
     app[keys.DEFAULTS] = TurnParams(prefill=config.prefill, decoding=config.decoding)
     app[keys.STARTED] = time.time()
     app[keys.METRICS] = Metrics()
+    app[keys.API_KEYS] = api_keys = auth.ApiKeys.from_config(config.gateway)
+    app[keys.WEBSOCKETS] = set()
+    auth.warn_if_exposed(config.gateway, api_keys)
     app.cleanup_ctx.extend([worker_ctx, store_ctx, sessions_ctx])
+    app.on_shutdown.append(drain)
     app.add_routes(http_api.routes)
     app.add_routes(ws_api.routes)
+    app.add_routes(openapi.routes)
     return app

@@ -8,7 +8,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from core.errors import QueueFull, SpecGateError
+from core.errors import QueueFull, SpecGateError, Unauthorized
 
 log = structlog.get_logger("specgate.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -32,7 +32,11 @@ def ws_error(exc: BaseException) -> dict[str, Any]:
 
 def json_error(exc: BaseException) -> web.Response:
     status, body = error_body(exc)
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFull) else None
+    headers = {}
+    if isinstance(exc, QueueFull):
+        headers["Retry-After"] = str(exc.retry_after_s)
+    elif isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="specgate"'
     return web.json_response(body, status=status, headers=headers)
 
 
@@ -49,6 +53,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                                                 "code": code}}, status=status)
         raise
     except SpecGateError as exc:
+        (log.error if exc.status >= 500 else log.info)("request_error", path=request.path, status=exc.status,
+                                                       code=exc.code, error=str(exc))
         return json_error(exc)
     except Exception as exc:
         log.exception("unhandled_error", path=request.path)

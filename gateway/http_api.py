@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import orjson
 import structlog
 from aiohttp import web
 
-from core.errors import InvalidRequest
+from core.errors import InvalidRequest, ShuttingDown
 from gateway import keys, protocol
+from gateway.auth import OWNER
 from gateway.errors import error_body
 from gateway.turns import Turn
 
@@ -35,23 +38,30 @@ def dumps(obj: Any) -> str:
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
-    req = protocol.parse_chat(await read_json(request), app[keys.DEFAULTS], request.headers.get("X-Session-Id"))
+    config = app[keys.CONFIG]
+    req = protocol.parse_chat(await read_json(request), app[keys.DEFAULTS], request.headers.get("X-Session-Id"),
+                              config.gateway.limits, config.engine.n_ctx)
     structlog.contextvars.bind_contextvars(session_id=req.session_id)
     runner = app[keys.RUNNER]
-    session = await runner.session_for(req.session_id)
+    session = await runner.session_for(request[OWNER], req.session_id)
     log.info("request_start", stream=req.stream, n_messages=len(req.messages), tools=bool(req.tools))
-    turn = runner.start(req, session)
-    model = app[keys.CONFIG].gateway.model_name
+    turn = runner.start(req, session)  # 409, 429 and 503 are answered here, before any stream starts
+    model = config.gateway.model_name
     if req.stream:
         return await stream_turn(request, turn, model)
     try:
         async for _ in turn.pieces():
-            if request.transport is None or request.transport.is_closing():
-                turn.cancel.set()  # the client left: stop generating for nobody
+            pass
         result = await turn.result()
+    except asyncio.CancelledError:  # the client left (handler cancellation): stop generating for nobody
+        app[keys.METRICS].disconnects.labels("http").inc()
+        log.info("client_disconnected", stream=False)
+        raise
     finally:
-        turn.cancel.set()
-    return web.json_response(protocol.completion(protocol.new_id(), model, result, req.session_id), dumps=dumps)
+        turn.abandon()
+    headers = {"X-Session-Id": req.session_id} if req.session_id else None
+    return web.json_response(protocol.completion(protocol.new_id(), model, result, req.session_id), dumps=dumps,
+                             headers=headers)
 
 
 async def stream_turn(request: web.Request, turn: Turn, model: str) -> web.StreamResponse:
@@ -73,6 +83,7 @@ async def stream_turn(request: web.Request, turn: Turn, model: str) -> web.Strea
         try:
             result = await turn.result()
         except Exception as exc:  # headers are out: report in-band
+            log.warning("stream_error", error=str(exc), error_type=type(exc).__name__)
             _, body = error_body(exc)
             await send(body)
             await send("[DONE]")
@@ -82,21 +93,14 @@ async def stream_turn(request: web.Request, turn: Turn, model: str) -> web.Strea
             await send(final)
         await send("[DONE]")
         await resp.write_eof()
-    except (ConnectionResetError, ConnectionError) as exc:
-        turn.cancel.set()
-        log.info("client_disconnected", error=type(exc).__name__)
-        if turn.task is not None:
-            await _quietly(turn)
+    except (ConnectionResetError, ConnectionError, asyncio.CancelledError) as exc:
+        request.app[keys.METRICS].disconnects.labels("sse").inc()
+        log.info("client_disconnected", stream=True, error=type(exc).__name__)
+        if isinstance(exc, asyncio.CancelledError):
+            raise
     finally:
-        turn.cancel.set()
+        turn.abandon()
     return resp
-
-
-async def _quietly(turn: Turn) -> None:
-    try:
-        await turn.result()
-    except Exception as exc:
-        log.info("turn_after_disconnect_failed", error=str(exc))
 
 
 @routes.get("/v1/models")
@@ -105,7 +109,7 @@ async def models(request: web.Request) -> web.Response:
     cfg = app[keys.CONFIG].engine
     return web.json_response({"object": "list", "data": [{
         "id": app[keys.CONFIG].gateway.model_name, "object": "model", "created": int(app[keys.STARTED]),
-        "owned_by": "specgate", "target": cfg.target, "speculator": cfg.speculator}]})
+        "owned_by": "specgate", "target": Path(cfg.target).name, "speculator": Path(cfg.speculator).name}]})
 
 
 @routes.post("/v1/sessions")
@@ -113,29 +117,27 @@ async def create_session(request: web.Request) -> web.Response:
     body = await read_json(request) if request.can_read_body else {}
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
-    session_id = body.get("id")
-    manager = request.app[keys.MANAGER]
-    if session_id is not None and await manager.exists(session_id):
-        raise InvalidRequest(f"session {session_id!r} already exists")
-    session = await manager.create(session_id)
-    return web.json_response(session_view(request, session), status=201)
+    if request.app[keys.RUNNER].draining:
+        raise ShuttingDown("the server is shutting down; create the session on another replica")
+    session = await request.app[keys.MANAGER].create(request[OWNER], body.get("id"))
+    return web.json_response(session_view(request, session), status=201, headers={"X-Session-Id": session.id})
 
 
 def session_view(request: web.Request, session: Any) -> dict[str, Any]:
     manager = request.app[keys.MANAGER]
-    return {**session.meta(), "kv": manager.location(session), "store_synced": session.store_synced,
-            "store": manager.store.kind}
+    return {**session.meta(), "kv": manager.location(session), "store": manager.store.kind,
+            "store_synced": not manager.writer.degraded}
 
 
 @routes.get("/v1/sessions/{id}")
 async def get_session(request: web.Request) -> web.Response:
-    session = await request.app[keys.MANAGER].get(request.match_info["id"])
+    session = await request.app[keys.MANAGER].get(request[OWNER], request.match_info["id"])
     return web.json_response(session_view(request, session))
 
 
 @routes.delete("/v1/sessions/{id}")
 async def delete_session(request: web.Request) -> web.Response:
-    await request.app[keys.MANAGER].delete(request.match_info["id"])
+    await request.app[keys.MANAGER].delete(request[OWNER], request.match_info["id"])
     return web.json_response({"id": request.match_info["id"], "object": "session", "deleted": True})
 
 
@@ -146,16 +148,23 @@ async def health(request: web.Request) -> web.Response:
 
 @routes.get("/ready")
 async def ready(request: web.Request) -> web.Response:
+    """Ready to take turns: models loaded and not draining.  A store that is down leaves the
+    gateway serving (``degraded``: records are buffered and replayed) rather than unready."""
     app = request.app
     worker, store = app[keys.WORKER], app[keys.STORE]
-    store_ok = await store.ping()
+    try:
+        store_ok = await asyncio.wait_for(store.ping(), 1.0)
+    except TimeoutError:
+        store_ok = False
+    draining = app[keys.RUNNER].draining
     body = {"models": worker.state.value, "store": store.kind, "store_reachable": store_ok,
+            "degraded": not store_ok or app[keys.WRITER].degraded, "draining": draining,
             "queue_depth": app[keys.SCHEDULER].depth}
-    ok = worker.state.value == "ready" and store_ok
+    ok = worker.state.value == "ready" and not draining
     return web.json_response({"ready": ok, **body}, status=200 if ok else 503)
 
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=request.app[keys.METRICS].render(), content_type="text/plain",
+    return web.Response(body=request.app[keys.METRICS].render(), content_type="text/plain",
                         headers={"X-Content-Type-Options": "nosniff"})

@@ -6,20 +6,25 @@ from aiohttp import web
 
 from core.config import ServeConfig, TurnParams
 from core.worker import ModelWorker
+from gateway.auth import ApiKeys
 from gateway.metrics import Metrics
 from gateway.turns import TurnRunner
 from sessions.manager import SessionManager
 from sessions.metadata import MetadataStore
 from sessions.parked_kv import ParkedKV
 from sessions.scheduler import FairScheduler
+from sessions.store_writer import StoreWriter
 
 CONFIG = web.AppKey("config", ServeConfig)
 DEFAULTS = web.AppKey("defaults", TurnParams)  # the server's turn policies, before request overrides
 STARTED = web.AppKey("started", float)
 WORKER = web.AppKey("worker", ModelWorker)
 STORE = web.AppKey("store", MetadataStore)
+WRITER = web.AppKey("writer", StoreWriter)
 PARKED = web.AppKey("parked", ParkedKV)
 SCHEDULER = web.AppKey("scheduler", FairScheduler)
 MANAGER = web.AppKey("manager", SessionManager)
 METRICS = web.AppKey("metrics", Metrics)
 RUNNER = web.AppKey("runner", TurnRunner)
+API_KEYS = web.AppKey("api_keys", ApiKeys)
+WEBSOCKETS = web.AppKey("websockets", set[web.WebSocketResponse])  # open sockets, closed on drain

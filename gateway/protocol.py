@@ -13,14 +13,36 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from core.config import DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams, flat_fields, override
+from core.config import (
+    DEFAULT_LIMITS,
+    POSITION_MODES,
+    SELECT_MODES,
+    DecodingPolicy,
+    Limits,
+    PrefillPolicy,
+    SamplingParams,
+    TurnParams,
+    override,
+)
 from core.errors import ConfigError, InvalidRequest
 from core.results import Result, Timings
+from gateway import messages as wire
 from gateway import tool_calls
 
 SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 UNSUPPORTED = ("grammar", "response_format", "logprobs", "top_logprobs", "logit_bias")
-PREFILL_KEYS = {f.name for f in flat_fields(PrefillPolicy)} - {"guard_keywords"}
+# what a request may change of the server's SpecPrefill policy, with bounds; break-even,
+# min_tokens, the guard's sizes and keywords stay the server's
+REQUEST_PREFILL: dict[str, tuple[type, Any, Any]] = {
+    "enabled": (bool, None, None),
+    "lookahead": (int, 0, 16),
+    "mass": (float, 0.05, 1.0),
+    "keep_fraction": (float, 0.01, 1.0),
+    "chunk_size": (int, 8, 512),
+    "select_mode": (str, SELECT_MODES, None),
+    "position_mode": (str, POSITION_MODES, None),
+    "guard_mode": (str, ("structural", "skip"), None),
+}
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,7 +63,7 @@ def _typed(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what: 
     return value
 
 
-def parse_sampling(body: dict[str, Any]) -> SamplingParams:
+def parse_sampling(body: dict[str, Any], max_tokens_cap: int = DEFAULT_LIMITS.max_tokens_cap) -> SamplingParams:
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
@@ -49,6 +71,8 @@ def parse_sampling(body: dict[str, Any]) -> SamplingParams:
         raise InvalidRequest("'stop' must be a string or a list of strings")
     max_tokens = _typed(body, "max_completion_tokens", int, "an integer") or _typed(body, "max_tokens", int,
                                                                                     "an integer")
+    if max_tokens is not None and max_tokens > max_tokens_cap:
+        raise InvalidRequest(f"'max_tokens' is {max_tokens}; this server allows at most {max_tokens_cap}")
     values = {
         "max_tokens": max_tokens,
         "temperature": _typed(body, "temperature", (int, float), "a number"),
@@ -68,13 +92,33 @@ def parse_prefill(base: PrefillPolicy, raw: Any) -> PrefillPolicy:
         return override(base, enabled=raw)
     if not isinstance(raw, dict):
         raise InvalidRequest("'specprefill' must be a boolean or an object")
-    unknown = set(raw) - PREFILL_KEYS
-    if unknown:
-        raise InvalidRequest(f"unknown specprefill field(s) {sorted(unknown)}; known: {sorted(PREFILL_KEYS)}")
+    if unknown := set(raw) - set(REQUEST_PREFILL):
+        raise InvalidRequest(f"specprefill field(s) {sorted(unknown)} cannot be set per request; "
+                             f"allowed: {sorted(REQUEST_PREFILL)}")
+    for key, value in raw.items():
+        _bounded(f"specprefill.{key}", value, *REQUEST_PREFILL[key])
     try:
-        return override(base, **raw)
+        return override(base, **{k: float(v) if REQUEST_PREFILL[k][0] is float else v for k, v in raw.items()})
     except TypeError as exc:
         raise ConfigError(f"specprefill: {exc}") from exc
+
+
+KIND_NAMES = {bool: "a boolean", int: "an integer", float: "a number"}
+
+
+def _bounded(name: str, value: Any, kind: type, lo: Any, hi: Any) -> None:
+    if kind is str:
+        if value not in lo:
+            raise InvalidRequest(f"'{name}' must be one of {lo}")
+        return
+    if kind is bool:
+        ok_type = isinstance(value, bool)
+    else:
+        ok_type = isinstance(value, int | float if kind is float else int) and not isinstance(value, bool)
+    if not ok_type:
+        raise InvalidRequest(f"'{name}' must be {KIND_NAMES[kind]}")
+    if lo is not None and not lo <= value <= hi:
+        raise InvalidRequest(f"'{name}' must be in [{lo}, {hi}], got {value}")
 
 
 def parse_decoding(base: DecodingPolicy, body: dict[str, Any]) -> DecodingPolicy:
@@ -96,41 +140,29 @@ def parse_decoding(base: DecodingPolicy, body: dict[str, Any]) -> DecodingPolicy
     return policy
 
 
-def parse_tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...] | None:
-    tools = body.get("tools")
-    if tools is None or body.get("tool_choice") == "none":
-        return None
-    if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type") == "function"
-                                              and isinstance(t.get("function"), dict) for t in tools):
-        raise InvalidRequest("'tools' must be a list of {\"type\": \"function\", \"function\": {...}}")
-    return tuple(tools) or None
-
-
-def parse_chat(body: Any, defaults: TurnParams, header_session: str | None,
-               need_messages: bool = True) -> ChatRequest:
-    """``defaults``: the server's policies; the request's fields override them."""
+def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limits: Limits = DEFAULT_LIMITS,
+               n_ctx: int = 8192) -> ChatRequest:
+    """``defaults``: the server's policies; the request's fields override them.  ``messages``
+    come back checked and reduced to the known fields (OpenAI's form, as stored)."""
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     for key in UNSUPPORTED:
         if body.get(key) is not None:
             raise InvalidRequest(f"'{key}' is not supported by this server")
-    if body.get("n", 1) != 1:
+    if _typed(body, "n", int, "an integer") not in (None, 1):
         raise InvalidRequest("'n' must be 1")
-    messages = body.get("messages")
-    if need_messages and (not isinstance(messages, list) or not messages):
-        raise InvalidRequest("'messages' must be a non-empty list")
     stream_options = _typed(body, "stream_options", dict, "an object") or {}
     session_id = header_session or _typed(body, "session_id", str, "a string")
     return ChatRequest(
-        messages=tuple(tool_calls.for_template(m) if isinstance(m, dict) else m for m in messages or ()),
-        tools=parse_tools(body),
+        messages=wire.parse_messages(body.get("messages"), limits, n_ctx),
+        tools=wire.parse_tools(body, limits),
         stream=bool(_typed(body, "stream", bool, "a boolean")),
         include_usage=bool(stream_options.get("include_usage")),
         params=TurnParams(prefill=parse_prefill(defaults.prefill, body.get("specprefill")),
                           decoding=parse_decoding(defaults.decoding, body),
-                          sampling=parse_sampling(body)),
+                          sampling=parse_sampling(body, limits.max_tokens_cap)),
         session_id=session_id,
-        model=str(body.get("model") or ""),
+        model=_typed(body, "model", str, "a string") or "",
     )
 
 

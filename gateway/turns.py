@@ -1,5 +1,5 @@
-"""One turn, as HTTP and WebSocket both run it: resolve the session, queue the
-job, stream text out of the model thread, then build the turn's one
+"""One turn, as HTTP and WebSocket both run it: resolve the session, claim it, queue
+the job, stream text out of the model thread, then build the turn's one
 :class:`~gateway.protocol.TurnResult` and record metrics and history from it."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import structlog
 
 from core.decode import OnText
 from core.engine import Engine
+from core.errors import ShuttingDown
 from core.prompt import Prompt
 from gateway import protocol, tool_calls
 from gateway.metrics import Metrics
@@ -47,6 +48,13 @@ class Turn:
             if tail := held.release(task.result().message):
                 yield tail
 
+    def abandon(self) -> None:
+        """The client is done with this turn (finished or gone): stop it, and retrieve its
+        outcome so a failure after the client left is not reported as unhandled."""
+        self.cancel.set()
+        if self.task is not None:
+            self.task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
     async def result(self) -> TurnResult:
         if self.task is None:
             raise RuntimeError("turn was never started")
@@ -58,17 +66,25 @@ class TurnRunner:
         self.manager = manager
         self.metrics = metrics
         self.auto_create = auto_create
+        self.draining = False
+        self.turns: set[Turn] = set()
 
-    async def session_for(self, session_id: str | None) -> Session | None:
-        """The named session (created on first use when so configured); None: stateless."""
+    async def session_for(self, owner: str, session_id: str | None) -> Session | None:
+        """The caller's named session (created on first use when so configured); None: stateless."""
         if not session_id:
             return None
         if self.auto_create:
-            return await self.manager.get_or_create(session_id)
-        return await self.manager.get(session_id)
+            return await self.manager.get_or_create(owner, session_id)
+        return await self.manager.get(owner, session_id)
 
     def start(self, request: ChatRequest, session: Session | None) -> Turn:
+        """Claim the session and queue the turn; raises (409, 503, 429) before anything runs."""
+        if self.draining:
+            raise ShuttingDown("the server is shutting down; retry on another replica")
+        self.manager.scheduler.admit()
         turn = Turn(request, session)
+        if session is not None:
+            self.manager.claim(session, turn.cancel)
         loop = asyncio.get_running_loop()
 
         def on_text(piece: str) -> bool:  # model thread
@@ -78,25 +94,56 @@ class TurnRunner:
             return True
 
         def render(engine: Engine) -> Prompt:  # model thread: tokenizing is llama.cpp work too
-            return engine.chat.render(list(request.messages), request.tools)
+            return engine.chat.render([tool_calls.for_template(m) for m in request.messages], request.tools)
 
         key = f"stateless-{uuid.uuid4().hex[:8]}"
         turn.task = asyncio.create_task(self._run(turn, render, on_text, key))
-        turn.task.add_done_callback(lambda _: turn.queue.put_nowait(None))
+        self.turns.add(turn)
+        turn.task.add_done_callback(lambda _: self._finished(turn))
         return turn
+
+    def _finished(self, turn: Turn) -> None:
+        turn.queue.put_nowait(None)
+        self.turns.discard(turn)
 
     async def _run(self, turn: Turn, render: Render, on_text: OnText, key: str) -> TurnResult:
         t0 = time.perf_counter()
-        outcome = await self.manager.run_turn(turn.session, render, turn.request.params, on_text, key)
+        try:
+            outcome = await self.manager.run_turn(turn.session, render, turn.request.params, on_text, key,
+                                                 turn.cancel)
+        except asyncio.CancelledError:
+            self.metrics.turn_ended("cancelled")
+            raise
+        except Exception as exc:
+            self.metrics.turn_ended("failed")
+            log.warning("turn_failed", error=str(exc), error_type=type(exc).__name__)
+            raise
+        finally:
+            if turn.session is not None:
+                self.manager.release(turn.session)
         result = protocol.turn_result(outcome.result, turn.request.tools)
         self._record(turn, result)
-        log.info("turn_done", finish=result.finish_reason, evicted=outcome.evicted,
+        log.info("turn_done", finish=result.finish_reason, evicted=len(outcome.evicted),
                  wall_ms=round((time.perf_counter() - t0) * 1e3, 1), **result.timings.to_json())
         return result
 
     def _record(self, turn: Turn, result: TurnResult) -> None:
         self.metrics.turn(result.timings)
+        self.metrics.turn_ended("cancelled" if result.finish_reason == "cancelled" else "completed")
         if turn.session is not None:
-            if not turn.session.store_synced:
-                self.metrics.store_errors += 1
             turn.session.messages = [*turn.request.messages, result.message]
+            self.manager.mirror(turn.session)
+
+    async def drain(self, timeout_s: float) -> int:
+        """Stop taking turns, let running ones finish for ``timeout_s``, then cancel the rest;
+        returns how many were cancelled."""
+        self.draining = True
+        pending = [t.task for t in list(self.turns) if t.task is not None]
+        if not pending:
+            return 0
+        _, late = await asyncio.wait(pending, timeout=timeout_s)
+        for turn in list(self.turns):
+            turn.cancel.set()
+        if late:
+            await asyncio.wait(late, timeout=10)
+        return len(late)

@@ -18,6 +18,7 @@ from aiohttp import WSMsgType, web
 
 from core.errors import InvalidRequest, SessionBusy
 from gateway import keys, protocol
+from gateway.auth import OWNER
 from gateway.errors import ws_error
 from gateway.turns import Turn
 from sessions.manager import Session
@@ -28,10 +29,11 @@ routes = web.RouteTableDef()
 
 @routes.get("/v1/sessions/{id}/ws")
 async def session_ws(request: web.Request) -> web.WebSocketResponse:
-    session = await request.app[keys.MANAGER].get(request.match_info["id"])  # 404 before the upgrade
+    session = await request.app[keys.MANAGER].get(request[OWNER], request.match_info["id"])  # 404 before upgrade
     structlog.contextvars.bind_contextvars(session_id=session.id)
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=request.app[keys.CONFIG].gateway.max_body_mb << 20)
     await ws.prepare(request)
+    request.app[keys.WEBSOCKETS].add(ws)
     current: Turn | None = None
     task: asyncio.Task[None] | None = None
     try:
@@ -56,10 +58,12 @@ async def session_ws(request: web.Request) -> web.WebSocketResponse:
             except orjson.JSONDecodeError as exc:
                 await ws.send_json(ws_error(InvalidRequest(f"malformed JSON: {exc}")))
             except Exception as exc:
+                log.warning("ws_error", error=str(exc), error_type=type(exc).__name__)
                 await ws.send_json(ws_error(exc))
     finally:
+        request.app[keys.WEBSOCKETS].discard(ws)
         if current is not None:
-            current.cancel.set()
+            current.abandon()
         if task is not None:
             with contextlib.suppress(Exception):
                 await task
@@ -72,7 +76,9 @@ def start_turn(request: web.Request, session: Session, event: dict[str, Any]) ->
         raise InvalidRequest("'messages' must be a non-empty list of the new messages")
     body = {**{k: v for k, v in event.items() if k != "type"}, "messages": [*session.messages, *new],
             "stream": True}
-    req = protocol.parse_chat(body, request.app[keys.DEFAULTS], session.id)
+    config = request.app[keys.CONFIG]
+    req = protocol.parse_chat(body, request.app[keys.DEFAULTS], session.id, config.gateway.limits,
+                              config.engine.n_ctx)
     return request.app[keys.RUNNER].start(req, session)
 
 
@@ -82,9 +88,10 @@ async def stream_turn(ws: web.WebSocketResponse, turn: Turn) -> None:
             await ws.send_json({"type": "delta", "content": piece})
         result = await turn.result()
     except ConnectionResetError:
-        turn.cancel.set()
+        turn.abandon()
         return
     except Exception as exc:
+        log.warning("ws_turn_error", error=str(exc), error_type=type(exc).__name__)
         if not ws.closed:
             await ws.send_json(ws_error(exc))
         return

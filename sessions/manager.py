@@ -1,18 +1,23 @@
 """The session manager: session lifecycle, KV residency, and turns.
 
-Both models' contexts hold one session's KV at a time (the resident one).
-Switching sessions saves the resident's KV into :class:`ParkedKV` (RAM
-under a budget, LRU, optional disk spill) and restores the incoming one; a
-session whose KV was dropped rebuilds it from its tokens on its next turn.
-Metadata and status are mirrored into the metadata store (Redis) after each
-change; if that store is down, turns still run and the mirror catches up on
-the next successful write.
+Sessions are namespaced by owner (the API key that created them): a session
+is found by ``(owner, id)``, so another key's session looks exactly like an
+unknown one.  Both models' contexts hold one session's KV at a time (the
+resident one).  Switching sessions saves the resident's KV into
+:class:`ParkedKV` (RAM under a budget, LRU, optional disk spill) and restores
+the incoming one; a session whose KV was dropped rebuilds it from its tokens
+on its next turn.  Each session's record -- metadata and full history -- goes
+to the store (Redis) through the :class:`StoreWriter`, off the reply path.
+
+One turn per session at a time: a second concurrent turn gets 409.  Delete
+wins over a running turn: it cancels it, and nothing written afterwards
+brings the session back.
 """
 
 from __future__ import annotations
 
 import enum
-import re
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -21,25 +26,27 @@ from typing import Any
 
 import structlog
 
-from core.config import TurnParams
+from core.config import DEFAULT_LIMITS, Limits, TurnParams
 from core.decode import OnText
 from core.engine import Engine, Result
-from core.errors import InvalidRequest, SessionNotFound, StoreUnavailable
+from core.errors import InvalidRequest, SessionBusy, SessionLimit, SessionNotFound, TurnCancelled
 from core.prompt import Prompt
 from core.session_kv import SessionKV
 from core.worker import ModelWorker
+from sessions.ids import check_id, session_key
 from sessions.metadata import MetadataStore
 from sessions.parked_kv import ParkedKV
 from sessions.scheduler import FairScheduler
+from sessions.store_writer import StoreWriter
 
 log = structlog.get_logger("specgate.sessions")
-SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 Render = Callable[[Engine], Prompt]  # runs on the model thread
 
 
 class SessionState(enum.StrEnum):
     IDLE = "idle"
     RUNNING = "running"
+    DELETED = "deleted"
 
 
 class KVLocation(enum.StrEnum):
@@ -50,16 +57,10 @@ class KVLocation(enum.StrEnum):
     EVICTED = "evicted"  # dropped: the next turn rebuilds it
 
 
-def check_id(session_id: str) -> str:
-    """Client-chosen ids are ASCII letters, digits, '-' and '_' (they name files and keys)."""
-    if not isinstance(session_id, str) or not SESSION_ID.fullmatch(session_id):
-        raise InvalidRequest("a session id must be 1-128 ASCII letters, digits, '-' or '_'")
-    return session_id
-
-
 @dataclass(slots=True)
 class Session:
     id: str
+    owner: str
     created: float = field(default_factory=time.time)
     last_active: float = field(default_factory=time.time)
     state: SessionState = SessionState.IDLE
@@ -72,9 +73,13 @@ class Session:
     last_status: str | None = None
     last_ttft_ms: float | None = None
     rebuilds: int = 0
-    store_synced: bool = True
     kv: SessionKV = field(default_factory=SessionKV)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    cancel: threading.Event | None = None  # the running turn's
+
+    @property
+    def key(self) -> str:
+        return session_key(self.owner, self.id)
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -83,123 +88,165 @@ class Session:
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
             "context_tokens": self.context_tokens, "kept_ratio": self.last_kept_ratio,
             "last_status": self.last_status, "last_ttft_ms": self.last_ttft_ms,
-            "kv": self.kv_location.value, "rebuilds": self.rebuilds,
+            "kv": self.kv_location.value, "rebuilds": self.rebuilds, "messages": len(self.messages),
             "target_cached_tokens": self.kv.target.n_cached, "speculator_cached_tokens": self.kv.speculator.n_cached,
         }
 
+    def record(self) -> dict[str, Any]:
+        """What the store keeps: the metadata, the owner and the full history."""
+        return {**self.meta(), "state": SessionState.IDLE.value, "owner": self.owner, "history": self.messages}
+
     @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> Session:
+    def from_record(cls, rec: dict[str, Any]) -> Session:
         """A session known only from the store (restart, other replica): its KV rebuilds."""
-        s = cls(id=meta["id"], created=meta.get("created", time.time()),
-                last_active=meta.get("last_active", time.time()))
-        s.turns = int(meta.get("turns", 0))
-        s.prompt_tokens = int(meta.get("prompt_tokens", 0))
-        s.completion_tokens = int(meta.get("completion_tokens", 0))
-        s.last_status, s.last_ttft_ms = meta.get("last_status"), meta.get("last_ttft_ms")
+        s = cls(id=rec["id"], owner=rec["owner"], created=rec.get("created", time.time()),
+                last_active=rec.get("last_active", time.time()))
+        s.turns = int(rec.get("turns", 0))
+        s.prompt_tokens = int(rec.get("prompt_tokens", 0))
+        s.completion_tokens = int(rec.get("completion_tokens", 0))
+        s.last_status, s.last_ttft_ms = rec.get("last_status"), rec.get("last_ttft_ms")
         s.kv_location = KVLocation.EVICTED if s.turns else KVLocation.NONE
-        s.rebuilds = int(meta.get("rebuilds", 0))
+        s.rebuilds = int(rec.get("rebuilds", 0))
+        s.messages = list(rec.get("history") or [])
         return s
 
 
 @dataclass(slots=True)
 class TurnOutcome:
     result: Result
-    evicted: list[str]  # sessions whose parked KV was evicted to make room for this turn
+    evicted: list[str]  # keys of sessions whose parked KV was evicted to make room for this turn
 
 
 class SessionManager:
-    def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV,
-                 scheduler: FairScheduler) -> None:
+    def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV, scheduler: FairScheduler,
+                 writer: StoreWriter, limits: Limits = DEFAULT_LIMITS, ttl_s: float = 86400) -> None:
         self.worker = worker
         self.store = store
         self.parked = parked
         self.scheduler = scheduler
+        self.writer = writer
+        self.limits = limits
+        self.ttl_s = ttl_s
         self._sessions: dict[str, Session] = {}
-        self._resident: str | None = None
+        self._resident: Session | None = None  # model thread only
 
     @property
     def live(self) -> int:
         return len(self._sessions)
 
-    # -- lifecycle -------------------------------------------------------------
-    async def create(self, session_id: str | None = None) -> Session:
-        session = Session(id=check_id(session_id) if session_id is not None else f"sess-{uuid.uuid4().hex[:16]}")
-        await self.mirror(session, strict=True)  # a session nobody else can see is not created
-        created = self._sessions.setdefault(session.id, session)  # a concurrent create of the id wins once
-        log.info("session_created", session_id=session.id)
-        return created
+    @property
+    def running(self) -> int:
+        return sum(s.state is SessionState.RUNNING for s in self._sessions.values())
 
-    async def get_or_create(self, session_id: str) -> Session:
+    # -- lifecycle -------------------------------------------------------------
+    async def create(self, owner: str, session_id: str | None = None) -> Session:
+        sid = check_id(session_id) if session_id is not None else f"sess-{uuid.uuid4().hex[:20]}"
+        if session_id is not None and await self.exists(owner, sid):
+            raise InvalidRequest(f"session {sid!r} already exists")
+        self._admit(owner)
+        session = self._sessions.setdefault(session_key(owner, sid), Session(id=sid, owner=owner))
+        self.mirror(session)
+        log.info("session_created", session_id=sid)
+        return session
+
+    def _admit(self, owner: str) -> None:
+        """Room for one more session, or :class:`SessionLimit` naming the cap."""
+        if len(self._sessions) >= self.limits.max_sessions:
+            self.sweep()
+        if len(self._sessions) >= self.limits.max_sessions:
+            raise SessionLimit(f"this server holds its limit of {self.limits.max_sessions} sessions; "
+                               "delete idle sessions or retry later")
+        if sum(s.owner == owner for s in self._sessions.values()) >= self.limits.max_sessions_per_key:
+            raise SessionLimit(f"this API key holds its limit of {self.limits.max_sessions_per_key} sessions; "
+                               "delete some first")
+
+    async def get_or_create(self, owner: str, session_id: str) -> Session:
         """The session named ``session_id``, created on first use (clients that speak only
         the OpenAI API cannot call ``POST /v1/sessions`` first)."""
         try:
-            return await self.get(session_id)
+            return await self.get(owner, session_id)
         except SessionNotFound:
-            return await self.create(session_id)
+            return await self.create(owner, session_id)
 
-    async def get(self, session_id: str) -> Session:
-        session = self._sessions.get(session_id)
+    async def get(self, owner: str, session_id: str) -> Session:
+        key = session_key(owner, check_id(session_id))
+        session = self._sessions.get(key)
         if session is not None:
             return session
-        meta = await self.store.load(session_id)
-        if meta is None:
+        rec = await self.store.load(key)
+        if rec is None or rec.get("owner") != owner:
             raise SessionNotFound(f"unknown session {session_id!r}")
-        session = Session.from_meta(meta)
-        self._sessions[session_id] = session
-        log.info("session_hydrated", session_id=session_id, turns=session.turns)
+        self._admit(owner)
+        session = self._sessions.setdefault(key, Session.from_record(rec))
+        log.info("session_hydrated", session_id=session_id, turns=session.turns, messages=len(session.messages))
         return session
 
-    async def exists(self, session_id: str) -> bool:
-        return session_id in self._sessions or await self.store.load(session_id) is not None
+    async def exists(self, owner: str, session_id: str) -> bool:
+        key = session_key(owner, session_id)
+        return key in self._sessions or await self.store.load(key) is not None
 
-    async def delete(self, session_id: str) -> None:
-        local = self._sessions.pop(session_id, None)
-        self.parked.discard(session_id)
-        if self._resident == session_id:
-            self._resident = None
-        try:
-            stored = await self.store.delete(session_id)
-        except StoreUnavailable:
-            if local is None:
-                raise
-            stored = False
-        if local is None and not stored:
+    async def delete(self, owner: str, session_id: str) -> None:
+        """Delete wins: a running turn is cancelled and its result is not recorded; the
+        store delete is queued behind nothing (replayed if the store is down)."""
+        key = session_key(owner, check_id(session_id))
+        local = self._sessions.pop(key, None)
+        if local is None and await self.store.load(key) is None:
             raise SessionNotFound(f"unknown session {session_id!r}")
+        if local is not None:
+            local.state = SessionState.DELETED
+            if local.cancel is not None:
+                local.cancel.set()
+        self.writer.delete(key)
+        await self.worker.call(lambda engine: self._forget(key))  # ordered after the running model job
         log.info("session_deleted", session_id=session_id)
 
-    async def mirror(self, session: Session, strict: bool = False) -> None:
-        """Write the session's metadata to the store; a failure is reported, not fatal."""
-        try:
-            await self.store.save(session.id, session.meta())
-            session.store_synced = True
-        except StoreUnavailable as exc:
-            session.store_synced = False
-            log.warning("store_write_failed", session_id=session.id, error=str(exc))
-            if strict:
-                raise
+    def mirror(self, session: Session) -> None:
+        """Queue the session's record for the store (see :class:`StoreWriter`)."""
+        if session.state is not SessionState.DELETED:
+            self.writer.save(session.key, session.record())
+
+    def sweep(self, now: float | None = None) -> int:
+        """Forget sessions idle past the TTL (their store records expire on their own)."""
+        cutoff = (now or time.time()) - self.ttl_s
+        stale = [k for k, s in self._sessions.items() if s.state is SessionState.IDLE and s.last_active < cutoff]
+        for key in stale:
+            del self._sessions[key]
+            self.parked.discard(key)
+        if stale:
+            log.info("sessions_expired", n=len(stale))
+        return len(stale)
 
     def location(self, session: Session) -> str:
-        if session.id == self._resident:
+        if session is self._resident:
             return KVLocation.RESIDENT.value
-        where = self.parked.where(session.id)
+        where = self.parked.where(session.key)
         if where != "none":
             return where
         return session.kv_location.value
 
     # -- turns -----------------------------------------------------------------
+    def claim(self, session: Session, cancel: threading.Event) -> None:
+        """Mark the session's one running turn (synchronously: no await between check and set)."""
+        if session.state is SessionState.DELETED:
+            raise SessionNotFound(f"unknown session {session.id!r}")
+        if session.state is SessionState.RUNNING:
+            raise SessionBusy(f"session {session.id!r} already has a turn running; wait for it or cancel it")
+        session.state, session.cancel = SessionState.RUNNING, cancel
+
+    def release(self, session: Session) -> None:
+        if session.state is SessionState.RUNNING:
+            session.state = SessionState.IDLE
+        session.cancel = None
+
     async def run_turn(self, session: Session | None, render: Render, params: TurnParams,
-                       on_text: OnText | None, key: str) -> TurnOutcome:
+                       on_text: OnText | None, key: str, cancel: threading.Event) -> TurnOutcome:
+        """``session`` must have been :meth:`claim`-ed; ``cancel`` stops prefill between batches."""
         if session is None:
             return await self.scheduler.submit(key, lambda: self.worker.call(
-                lambda engine: self._stateless(engine, render, params, on_text)))
-        session.state = SessionState.RUNNING
-        try:
-            outcome: TurnOutcome = await self.scheduler.submit(session.id, lambda: self.worker.call(
-                lambda engine: self._session_turn(engine, session, render, params, on_text)))
-        finally:
-            session.state = SessionState.IDLE
+                lambda engine: self._stateless(engine, render, params, on_text, cancel)))
+        outcome: TurnOutcome = await self.scheduler.submit(session.key, lambda: self.worker.call(
+            lambda engine: self._session_turn(engine, session, render, params, on_text, cancel)))
         self._record(session, outcome)
-        await self.mirror(session)
         return outcome
 
     def _record(self, session: Session, outcome: TurnOutcome) -> None:
@@ -212,47 +259,56 @@ class SessionManager:
         session.last_status, session.last_ttft_ms = t.specprefill, round(t.ttft_ms, 1)
         session.last_kept_ratio = round(t.kept_pct / 100.0, 4)
         session.kv_location = KVLocation.RESIDENT
-        for sid in outcome.evicted:
-            if (victim := self._sessions.get(sid)) is not None:
-                victim.kv_location = KVLocation.DISK if self.parked.spill_dir else KVLocation.EVICTED
+        for key in outcome.evicted:
+            if (victim := self._sessions.get(key)) is not None:
+                victim.kv_location = KVLocation.DISK if self.parked.where(key) == "disk" else KVLocation.EVICTED
 
     # -- model thread ------------------------------------------------------------
+    def _forget(self, key: str) -> None:
+        self.parked.discard(key)
+        if self._resident is not None and self._resident.key == key:
+            self._resident = None
+
     def _park_resident(self, engine: Engine) -> list[str]:
         """Save the resident session's KV (model thread only)."""
         resident, self._resident = self._resident, None
-        if resident is None or resident not in self._sessions:
+        if resident is None or resident.state is SessionState.DELETED:
             return []
-        evicted = self.parked.put(resident, engine.save_kv())
-        for sid in evicted:
-            log.info("session_kv_evicted", session_id=sid, spilled=self.parked.spill_dir is not None)
+        evicted = self.parked.put(resident.key, engine.save_kv())
+        for key in evicted:
+            log.info("session_kv_evicted", session_key=key, spilled=self.parked.where(key) == "disk")
         return evicted
 
     def _stateless(self, engine: Engine, render: Render, params: TurnParams,
-                   on_text: OnText | None) -> TurnOutcome:
+                   on_text: OnText | None, cancel: threading.Event) -> TurnOutcome:
+        if cancel.is_set():
+            raise TurnCancelled("the client left before the turn started")
         prompt = render(engine)
         engine.check_prompt(prompt)  # before the resident session's KV is disturbed
         evicted = self._park_resident(engine)
-        return TurnOutcome(engine.run(prompt, params, on_text), evicted)
+        return TurnOutcome(engine.run(prompt, params, on_text, abort=cancel.is_set), evicted)
 
     def _session_turn(self, engine: Engine, session: Session, render: Render, params: TurnParams,
-                      on_text: OnText | None) -> TurnOutcome:
+                      on_text: OnText | None, cancel: threading.Event) -> TurnOutcome:
+        if cancel.is_set():
+            raise TurnCancelled("the turn was cancelled before it started")
         prompt = render(engine)
         engine.check_prompt(prompt)  # a bad prompt must not cost the session its cache
         evicted: list[str] = []
         rebuilt = False
-        if self._resident != session.id:
+        if self._resident is not session:
             evicted = self._park_resident(engine)
-            blobs = self.parked.take(session.id)
+            blobs = self.parked.take(session.key)
             if blobs is None and session.turns:
-                # dropped under the budget (or held by another replica): rebuild from scratch
+                # dropped under the budget, failed its checks, or hydrated from the store: rebuild
                 session.kv.reset()
                 session.rebuilds += 1
                 rebuilt = True
                 log.info("session_kv_rebuild", session_id=session.id)
             engine.load_kv(blobs)
-            self._resident = session.id
+            self._resident = session
         try:
-            result = engine.run(prompt, params, on_text, kv=session.kv)
+            result = engine.run(prompt, params, on_text, kv=session.kv, abort=cancel.is_set)
         except Exception:
             # never leave bookkeeping that disagrees with the caches: the next turn rebuilds
             session.kv.reset()

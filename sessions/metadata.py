@@ -11,7 +11,11 @@ from typing import Any, Protocol
 
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from core.errors import StoreUnavailable
 
@@ -63,10 +67,14 @@ class MemoryStore:
 class RedisStore:
     kind = "redis"
 
-    def __init__(self, url: str, ttl_s: int) -> None:
+    def __init__(self, url: str, ttl_s: int, timeout_s: float = 0.5) -> None:
         self.url = url
         self.ttl_s = ttl_s
-        self._redis = aioredis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        # short timeouts and one quick retry: a hung Redis costs a lookup about a second, and
+        # writes never wait on it at all (they go through sessions.store_writer)
+        self._redis = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                        retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
+                                        retry_on_error=[RedisConnectionError, RedisTimeoutError])
 
     def _fail(self, exc: Exception) -> StoreUnavailable:
         return StoreUnavailable(f"session store (redis) unavailable: {exc}")

@@ -2,88 +2,193 @@
 resident, under a RAM byte budget.
 
 Least recently used sessions are evicted past the budget: spilled to disk when
-a spill directory is configured, dropped otherwise.  A dropped session simply
-rebuilds its caches on its next turn.
+a spill directory is configured (itself capped in bytes), dropped otherwise.
+A dropped session simply rebuilds its caches on its next turn.
+
+A spill file is named by a hash of the session key (no client text reaches the
+file system) and framed by a header -- magic, version, the model pair's
+fingerprint, both blobs' lengths and a checksum -- written to a temporary
+file, fsynced and renamed.  A file that fails any check is discarded and
+counted, and its session rebuilds; a spill that cannot be written is counted
+and dropped, never raised into another session's turn.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
+import struct
 import threading
 from collections import OrderedDict
 from pathlib import Path
 
+import structlog
+
+log = structlog.get_logger("specgate.sessions")
 Blobs = tuple[bytes, bytes]  # (target, speculator)
+MAGIC = b"SGKV"
+VERSION = 1
+HEADER = struct.Struct("<4sH32sQQ16s")  # magic, version, fingerprint, target len, speculator len, checksum
 
 
 def _size(blobs: Blobs) -> int:
     return len(blobs[0]) + len(blobs[1])
 
 
+def _checksum(blobs: Blobs) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(blobs[0])
+    h.update(blobs[1])
+    return h.digest()
+
+
+def frame(blobs: Blobs, fingerprint: bytes) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, fingerprint, len(blobs[0]), len(blobs[1]), _checksum(blobs)) + \
+        blobs[0] + blobs[1]
+
+
+def unframe(data: bytes, fingerprint: bytes) -> Blobs:
+    """The blobs of a spill file; ValueError naming the first check that fails."""
+    if len(data) < HEADER.size:
+        raise ValueError(f"truncated header ({len(data)} bytes)")
+    magic, version, fp, n_target, n_spec = HEADER.unpack_from(data)[:5]
+    if magic != MAGIC or version != VERSION:
+        raise ValueError(f"not a version-{VERSION} SpecGate KV file")
+    if fp != fingerprint:
+        raise ValueError("written for another model pair")
+    if len(data) != HEADER.size + n_target + n_spec:
+        raise ValueError(f"length {len(data)} != header's {HEADER.size + n_target + n_spec}")
+    blobs = (data[HEADER.size:HEADER.size + n_target], data[HEADER.size + n_target:])
+    if _checksum(blobs) != HEADER.unpack_from(data)[5]:
+        raise ValueError("checksum mismatch")
+    return blobs
+
+
 class ParkedKV:
-    def __init__(self, budget_bytes: int, spill_dir: str | None = None) -> None:
+    def __init__(self, budget_bytes: int, spill_dir: str | None = None, fingerprint: bytes = b"\0" * 32,
+                 spill_budget_bytes: int = 8 << 30) -> None:
         self.budget = budget_bytes
+        self.spill_budget = spill_budget_bytes
         self.spill_dir = Path(spill_dir) if spill_dir else None
-        if self.spill_dir:
-            self.spill_dir.mkdir(parents=True, exist_ok=True)
+        self.fingerprint = hashlib.sha256(fingerprint).digest()
         self._ram: OrderedDict[str, Blobs] = OrderedDict()
+        self._disk: OrderedDict[str, int] = OrderedDict()  # key -> file bytes, oldest first
         self._lock = threading.Lock()
         self.bytes_in_ram = 0
         self.evictions = 0
+        self.spill_writes = 0
+        self.spill_failures = 0
+        self.spill_rejected = 0
+        if self.spill_dir:
+            self.spill_dir.mkdir(parents=True, exist_ok=True)
+            self._clear_stale(self.spill_dir)
 
-    def _spill_path(self, session_id: str) -> Path | None:
-        return self.spill_dir / f"{session_id}.kv" if self.spill_dir else None
+    @property
+    def bytes_on_disk(self) -> int:
+        return sum(self._disk.values())
 
-    def put(self, session_id: str, blobs: Blobs) -> list[str]:
+    @staticmethod
+    def _clear_stale(spill_dir: Path) -> None:
+        """Spill files of an earlier process: their sessions' token bookkeeping is gone."""
+        stale = [*spill_dir.glob("*.kv"), *spill_dir.glob("*.partial")]
+        for path in stale:
+            path.unlink(missing_ok=True)
+        if stale:
+            log.info("spill_stale_removed", files=len(stale))
+
+    def _spill_path(self, key: str) -> Path | None:
+        if self.spill_dir is None:
+            return None
+        return self.spill_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.kv"
+
+    def put(self, key: str, blobs: Blobs) -> list[str]:
         """Store a session's KV; returns the sessions evicted from RAM to make room."""
         with self._lock:
-            self._pop(session_id)
-            self._ram[session_id] = blobs
+            self._pop(key)
+            self._ram[key] = blobs
             self.bytes_in_ram += _size(blobs)
-            evicted = []
-            while self.bytes_in_ram > self.budget and len(self._ram) > 0:
+            victims = []
+            while self.bytes_in_ram > self.budget and self._ram:
                 victim, victim_blobs = self._ram.popitem(last=False)
                 self.bytes_in_ram -= _size(victim_blobs)
-                self._spill(victim, victim_blobs)
-                evicted.append(victim)
-            self.evictions += len(evicted)
-            return evicted
+                victims.append((victim, victim_blobs))
+            self.evictions += len(victims)
+        for victim, victim_blobs in victims:
+            self._spill(victim, victim_blobs)
+        return [v for v, _ in victims]
 
-    def take(self, session_id: str) -> Blobs | None:
-        """Remove and return a session's KV from RAM or disk; None if it was dropped."""
+    def take(self, key: str) -> Blobs | None:
+        """Remove and return a session's KV from RAM or disk; None if it was dropped or its
+        file failed a check (the session then rebuilds)."""
         with self._lock:
-            blobs = self._pop(session_id)
-        if blobs is not None:
+            blobs = self._pop(key)
+            on_disk = self._disk.pop(key, None) is not None
+        if blobs is not None or not on_disk:
             return blobs
-        path = self._spill_path(session_id)
-        if path is None or not path.exists():
+        path = self._spill_path(key)
+        if path is None:
             return None
-        data = path.read_bytes()
-        path.unlink()
-        split = int.from_bytes(data[:8], "little")
-        return data[8: 8 + split], data[8 + split:]
+        try:
+            data = path.read_bytes()
+            return unframe(data, self.fingerprint)
+        except (OSError, ValueError) as exc:
+            self.spill_rejected += 1
+            log.warning("spill_rejected", key_hash=path.stem, error=str(exc))
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
 
-    def discard(self, session_id: str) -> None:
+    def discard(self, key: str) -> None:
         with self._lock:
-            self._pop(session_id)
-        path = self._spill_path(session_id)
+            self._pop(key)
+            self._disk.pop(key, None)
+        path = self._spill_path(key)
         if path is not None:
             path.unlink(missing_ok=True)
 
-    def where(self, session_id: str) -> str:
-        if session_id in self._ram:
+    def where(self, key: str) -> str:
+        if key in self._ram:
             return "ram"
-        path = self._spill_path(session_id)
-        return "disk" if path is not None and path.exists() else "none"
+        return "disk" if key in self._disk else "none"
 
-    def _pop(self, session_id: str) -> Blobs | None:
-        blobs = self._ram.pop(session_id, None)
+    def _pop(self, key: str) -> Blobs | None:
+        blobs = self._ram.pop(key, None)
         if blobs is not None:
             self.bytes_in_ram -= _size(blobs)
         return blobs
 
-    def _spill(self, session_id: str, blobs: Blobs) -> None:
-        path = self._spill_path(session_id)
-        if path is not None:
-            tmp = path.with_suffix(".partial")
-            tmp.write_bytes(len(blobs[0]).to_bytes(8, "little") + blobs[0] + blobs[1])
+    def _spill(self, key: str, blobs: Blobs) -> None:
+        path = self._spill_path(key)
+        if path is None:
+            return
+        data = frame(blobs, self.fingerprint)
+        if len(data) > self.spill_budget:
+            return
+        self._make_room(len(data))
+        tmp = path.with_suffix(".partial")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
             tmp.replace(path)
+        except OSError as exc:
+            self.spill_failures += 1
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            log.warning("spill_failed", key_hash=path.stem, bytes=len(data), error=str(exc))
+            return
+        self.spill_writes += 1
+        with self._lock:
+            self._disk[key] = len(data)
+
+    def _make_room(self, n: int) -> None:
+        while self._disk and self.bytes_on_disk + n > self.spill_budget:
+            with self._lock:
+                oldest, _ = self._disk.popitem(last=False)
+            path = self._spill_path(oldest)
+            if path is not None:
+                path.unlink(missing_ok=True)
+            log.info("spill_dropped", reason="spill budget")

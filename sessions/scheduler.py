@@ -48,10 +48,14 @@ class FairScheduler:
         self._ring.clear()
         self.pending = 0
 
-    async def submit(self, key: str, job: Job) -> Any:
+    def admit(self) -> None:
+        """Raise :class:`QueueFull` now if a job could not be queued (before a stream starts)."""
         if self.pending >= self.max_pending:
             raise QueueFull(f"{self.pending} requests already queued (limit {self.max_pending})",
                             retry_after_s=2)
+
+    async def submit(self, key: str, job: Job) -> Any:
+        self.admit()
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         queue = self._queues.setdefault(key, deque())
         if not queue:

@@ -51,7 +51,7 @@ def engine_config(target: Path, speculator: Path) -> EngineConfig:
 class RedisServer:
     """A real redis-server on a free loopback port, no persistence."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int | None = None) -> None:
         import shutil
         import subprocess
         import time
@@ -61,7 +61,7 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server not installed: run ops/test.sh, which installs it")
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                                       "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -92,13 +92,13 @@ class GatewayThread:
 
         from aiohttp import web
 
-        from gateway.app import create_app
+        from gateway.app import app_runner, create_app
 
         self.port = config.gateway.port
         self.base = f"http://127.0.0.1:{self.port}"
         self.loop = asyncio.new_event_loop()
         self.app = create_app(config)
-        self.runner = web.AppRunner(self.app)
+        self.runner = app_runner(self.app)
         ready = threading.Event()
         self.error: BaseException | None = None
 

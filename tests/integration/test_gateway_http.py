@@ -70,14 +70,16 @@ def test_session_turns_prefill_only_the_delta_and_mirror_to_redis(gateway, redis
     assert t2["speculator_prefill_n"] == t2["context_n"] - t2["speculator_cache_n"]
     assert t2["speculator_prefill_n"] < t2["context_n"] - t1["context_n"] + 20
     assert r2.usage.prompt_tokens_details.cached_tokens == t2["cache_n"]
-    stored = json.loads(redis_server.client.get(f"specgate:session:{sid}"))
+    stored = json.loads(redis_server.client.get(f"specgate:session:anonymous:{sid}"))
     assert stored["turns"] == 2 and stored["last_status"] == t2["specprefill"]
+    assert stored["history"] == [*msgs, {"role": "assistant", "content": r2.choices[0].message.content}]
     assert stored["prompt_tokens"] == t1["context_n"] + t2["context_n"]
-    assert 0 < redis_server.client.ttl(f"specgate:session:{sid}") <= 86400
+    assert 0 < redis_server.client.ttl(f"specgate:session:anonymous:{sid}") <= 86400
     view = httpx.get(f"{gateway.base}/v1/sessions/{sid}").json()
     assert view["turns"] == 2 and view["kv"] == "resident" and view["store"] == "redis"
     assert httpx.delete(f"{gateway.base}/v1/sessions/{sid}").status_code == 200
-    assert redis_server.client.get(f"specgate:session:{sid}") is None
+    gateway.call(gateway.app[keys.WRITER].flush(5))
+    assert redis_server.client.get(f"specgate:session:anonymous:{sid}") is None
     assert httpx.get(f"{gateway.base}/v1/sessions/{sid}").status_code == 404
 
 
@@ -188,7 +190,8 @@ def test_full_queue_answers_429_with_retry_after(gateway):
 
 
 def test_models_health_ready_metrics(gateway):
-    assert httpx.get(gateway.base + "/v1/models").json()["data"][0]["id"] == "specgate"
+    model = httpx.get(gateway.base + "/v1/models").json()["data"][0]
+    assert model["id"] == "specgate" and "/" not in model["target"] + model["speculator"]  # no file paths
     assert httpx.get(gateway.base + "/health").json() == {"status": "ok"}
     ready = httpx.get(gateway.base + "/ready").json()
     assert ready["ready"] and ready["store"] == "redis" and ready["models"] == "ready"

@@ -12,6 +12,7 @@ import openai
 import orjson
 import pytest
 
+from gateway import keys
 from tests.support import RedisServer, start_gateway
 
 KEEP_ALL = {"mass": 1.0}
@@ -62,7 +63,7 @@ def test_keep_all_session_equals_fresh_requests_and_rebuilds_after_eviction(smol
     assert session_replies == fresh
     view = httpx.get(f"{gw.base}/v1/sessions/{a}").json()
     assert view["rebuilds"] == 1 and view["turns"] == 3
-    assert "specgate_kv_rebuilds_total 1" in httpx.get(gw.base + "/metrics").text
+    assert "specgate_kv_rebuilds_total 1.0" in httpx.get(gw.base + "/metrics").text
 
 
 def test_spill_to_disk_restores_without_rebuild(small_model, tmp_path):
@@ -129,7 +130,7 @@ def test_websocket_turns_cancel_and_errors(smol_gateway):
     asyncio.run(scenario())
 
 
-def test_redis_outage_gets_precise_errors_and_turns_keep_working(small_model):
+def test_redis_outage_keeps_turns_working_and_the_store_converges(small_model):
     redis = RedisServer()
     gw = start_gateway(small_model, small_model, redis_url=redis.url)
     try:
@@ -137,20 +138,30 @@ def test_redis_outage_gets_precise_errors_and_turns_keep_working(small_model):
         chat(gw, [{"role": "user", "content": "Hello there."}], sid)
         redis.stop()
         ready = httpx.get(gw.base + "/ready")
-        assert ready.status_code == 503 and ready.json()["store_reachable"] is False
-        out = chat(gw, [{"role": "user", "content": "Hello there."}, {"role": "assistant", "content": "Hi."},
-                        {"role": "user", "content": "Again."}], sid)
+        assert ready.status_code == 200 and ready.json()["degraded"] and not ready.json()["store_reachable"]
+        history = [{"role": "user", "content": "Hello there."}, {"role": "assistant", "content": "Hi."},
+                   {"role": "user", "content": "Again."}]
+        out = chat(gw, history, sid)
         assert out["timings"]["cache_n"] > 0
         view = httpx.get(f"{gw.base}/v1/sessions/{sid}").json()
         assert view["turns"] == 2 and view["store_synced"] is False
-        created = httpx.post(gw.base + "/v1/sessions", json={})
-        assert created.status_code == 503 and created.json()["error"]["code"] == "store_unavailable"
+        created = httpx.post(gw.base + "/v1/sessions", json={}).json()["id"]  # buffered, not refused
+        doomed = new_session(gw)
+        assert httpx.delete(f"{gw.base}/v1/sessions/{doomed}").status_code == 200  # replayed later
         unknown = httpx.get(f"{gw.base}/v1/sessions/sess-elsewhere")
-        assert unknown.status_code == 503
+        assert unknown.status_code == 503 and unknown.json()["error"]["code"] == "store_unavailable"
         assert chat(gw, [{"role": "user", "content": "Stateless still works."}])["usage"]["completion_tokens"]
         with pytest.raises(openai.APIStatusError):
             openai.OpenAI(base_url=gw.base + "/v1", api_key="x", max_retries=0).chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "x"}], extra_headers={"X-Session-Id": "sess-x"})
+        back = RedisServer(port=redis.port)  # the same address comes back, empty
+        assert gw.call(gw.app[keys.WRITER].flush(15))
+        record = orjson.loads(back.client.get(f"specgate:session:anonymous:{sid}"))
+        assert record["turns"] == 2 and record["history"] == [*history, out["choices"][0]["message"]]
+        assert back.client.exists(f"specgate:session:anonymous:{created}")
+        assert not back.client.exists(f"specgate:session:anonymous:{doomed}")
+        assert httpx.get(gw.base + "/ready").json()["degraded"] is False
+        back.stop()
     finally:
         gw.stop()
         redis.stop()

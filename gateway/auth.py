@@ -1,0 +1,78 @@
+"""API keys: who is calling, and so which sessions they may see.
+
+Keys come from ``api_keys`` (``SPECGATE_API_KEYS=k1,k2``) and ``api_keys_file``
+(one per line).  Only their SHA-256 digests are kept.  A client sends
+``Authorization: Bearer <key>`` (what the ``openai`` client sends) on HTTP and
+on the WebSocket upgrade.  Each key has an owner id -- a prefix of its digest --
+that namespaces every session it creates; with no keys configured every
+client is the one owner ``anonymous``.  ``/health``, ``/ready`` and
+``/metrics`` stay open so balancers and scrapers need no key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from core.config import GatewayConfig
+from core.errors import ConfigError, Unauthorized
+
+log = structlog.get_logger("specgate.auth")
+ANONYMOUS = "anonymous"
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiKeys:
+    def __init__(self, keys: list[str]) -> None:
+        self._digests = {_digest(k) for k in keys if k}
+
+    @classmethod
+    def from_config(cls, cfg: GatewayConfig) -> ApiKeys:
+        keys = list(cfg.api_keys)
+        if cfg.api_keys_file:
+            try:
+                lines = Path(cfg.api_keys_file).read_text().splitlines()
+            except OSError as exc:
+                raise ConfigError(f"api_keys_file: cannot read {cfg.api_keys_file}: {exc}") from exc
+            keys += [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        return cls(keys)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._digests)
+
+    def owner(self, authorization: str | None) -> str:
+        """The caller's owner id; :class:`Unauthorized` for a missing or unknown key."""
+        if not self.enabled:
+            return ANONYMOUS
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+        digest = _digest(token.strip())
+        # compare against every digest so timing says nothing about which prefix matched
+        if not any(hmac.compare_digest(digest, d) for d in self._digests):
+            raise Unauthorized("invalid API key")
+        return "k" + digest[:16]
+
+
+def warn_if_exposed(cfg: GatewayConfig, keys: ApiKeys) -> None:
+    try:
+        loopback = ipaddress.ip_address(cfg.host).is_loopback
+    except ValueError:
+        loopback = cfg.host == "localhost"
+    if not loopback and not keys.enabled:
+        log.warning("no_authentication", host=cfg.host,
+                    message="serving on a non-loopback address with no API keys: anyone who can reach "
+                            "this port can read, continue and delete every session; set SPECGATE_API_KEYS")
+
+
+OWNER = web.RequestKey("owner", str)

@@ -1,0 +1,125 @@
+"""Chat messages and tool definitions off the wire: typed, bounded, and reduced to the
+fields SpecGate knows, so what a session stores is exactly what it can render.
+
+Every error names the offending field; a request over a size limit is a
+:class:`~core.errors.RequestTooLarge` (413) that names the limit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.config import Limits
+from core.errors import InvalidRequest, RequestTooLarge
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def _str(value: Any, where: str, optional: bool = True) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{where} must be a string")
+    return value
+
+
+def _content(value: Any, where: str) -> str | None:
+    """A string, null, or OpenAI's list of text parts (joined)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise InvalidRequest(f"{where}[{i}] must be a text part {{\"type\": \"text\", \"text\": ...}}")
+            parts.append(_str(part.get("text"), f"{where}[{i}].text", optional=False))
+        return "".join(p for p in parts if p)
+    raise InvalidRequest(f"{where} must be a string, a list of text parts, or null")
+
+
+def _tool_call(call: Any, where: str) -> dict[str, Any]:
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        raise InvalidRequest(f"{where} must be {{\"id\", \"type\": \"function\", \"function\": {{...}}}}")
+    if call.get("type", "function") != "function":
+        raise InvalidRequest(f"{where}.type must be 'function'")
+    fn = call["function"]
+    arguments = fn.get("arguments", "{}")
+    if not isinstance(arguments, str | dict):
+        raise InvalidRequest(f"{where}.function.arguments must be a JSON string")
+    return {"id": _str(call.get("id"), f"{where}.id") or "", "type": "function",
+            "function": {"name": _str(fn.get("name"), f"{where}.function.name", optional=False),
+                         "arguments": arguments}}
+
+
+def parse_message(m: Any, i: int) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise InvalidRequest(f"{where} must be an object")
+    role = m.get("role")
+    if role not in ROLES:
+        raise InvalidRequest(f"{where}.role must be one of {ROLES}, got {role!r}")
+    out: dict[str, Any] = {"role": role, "content": _content(m.get("content"), f"{where}.content")}
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if role != "assistant" or not isinstance(calls, list):
+            raise InvalidRequest(f"{where}.tool_calls must be a list, on an assistant message")
+        if calls:
+            out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{k}]") for k, c in enumerate(calls)]
+    if out["content"] is None and "tool_calls" not in out:
+        raise InvalidRequest(f"{where}.content is required")
+    for key in ("name", "tool_call_id"):
+        if (value := _str(m.get(key), f"{where}.{key}")) is not None:
+            out[key] = value
+    return out
+
+
+def size(message: dict[str, Any]) -> int:
+    """Characters a message brings before templating."""
+    n = len(message.get("content") or "")
+    for call in message.get("tool_calls", ()):
+        args = call["function"]["arguments"]
+        n += len(call["function"]["name"]) + (len(args) if isinstance(args, str) else len(str(args)))
+    return n
+
+
+def parse_messages(raw: Any, limits: Limits, n_ctx: int) -> tuple[dict[str, Any], ...]:
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequest("'messages' must be a non-empty list")
+    if len(raw) > limits.max_messages:
+        raise RequestTooLarge(f"{len(raw)} messages; this server takes at most {limits.max_messages} (max_messages)")
+    messages = tuple(parse_message(m, i) for i, m in enumerate(raw))
+    cap = limits.max_prompt_chars or 16 * n_ctx
+    if (total := sum(size(m) for m in messages)) > cap:
+        raise RequestTooLarge(f"messages hold {total} characters; this server takes at most {cap} "
+                              "(max_prompt_chars)")
+    return messages
+
+
+def depth(value: Any, limit: int) -> int:
+    """JSON nesting depth of ``value``, counted without recursion and stopped past ``limit``."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        node, d = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, d)
+            if deepest > limit:
+                return deepest
+            stack.extend((child, d + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def parse_tools(body: dict[str, Any], limits: Limits) -> tuple[dict[str, Any], ...] | None:
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if choice is not None and not isinstance(choice, str | dict):
+        raise InvalidRequest("'tool_choice' must be a string or an object")
+    if tools is None or choice == "none":
+        return None
+    if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+            and isinstance(t["function"].get("name"), str) for t in tools):
+        raise InvalidRequest("'tools' must be a list of {\"type\": \"function\", \"function\": {\"name\": ...}}")
+    if depth(tools, limits.max_tool_depth + 3) > limits.max_tool_depth + 3:  # list > tool > function > schema
+        raise RequestTooLarge(f"tool definitions nest deeper than {limits.max_tool_depth} (max_tool_depth)")
+    return tuple(tools) or None

@@ -1,0 +1,110 @@
+"""Metadata writes off the reply path: buffered, coalesced, retried.
+
+A turn hands its session's record to the writer and returns; one background
+task writes the latest record of each session (a delete is a write too, so
+one that arrives during an outage is replayed, and a save queued before it
+cannot bring the session back).  After a failure the writer backs off --
+a circuit breaker that stops a hung or dead Redis from being hammered -- and
+retries until the store converges on the latest state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import structlog
+
+from core.errors import StoreUnavailable
+from sessions.metadata import MetadataStore
+
+log = structlog.get_logger("specgate.store")
+BACKOFF_S = (0.25, 0.5, 1.0, 2.0, 5.0)
+
+
+class StoreWriter:
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+        self._pending: dict[str, dict[str, Any] | None] = {}  # key -> record, None = delete
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self._failures = 0
+        self.failed_writes = 0
+        self.last_error: str | None = None
+        self.open_until = 0.0  # circuit open: no attempts before this monotonic time
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def degraded(self) -> bool:
+        return self._failures > 0
+
+    def save(self, key: str, record: dict[str, Any]) -> None:
+        self._put(key, record)
+
+    def delete(self, key: str) -> None:
+        self._put(key, None)
+
+    def _put(self, key: str, record: dict[str, Any] | None) -> None:
+        self._pending.pop(key, None)  # re-insert: the newest write goes last
+        self._pending[key] = record
+        self._idle.clear()
+        self._wakeup.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="specgate-store-writer")
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Wait until every pending write has landed; False if the store did not converge in time."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    async def stop(self, flush_timeout_s: float = 2.0) -> None:
+        if not await self.flush(flush_timeout_s):
+            log.warning("store_unflushed", pending=self.pending, error=self.last_error)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            if not self._pending:
+                self._idle.set()
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            if (wait := self.open_until - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+            key, record = next(iter(self._pending.items()))
+            try:
+                if record is None:
+                    await self.store.delete(key)
+                else:
+                    await self.store.save(key, record)
+            except StoreUnavailable as exc:
+                self._trip(str(exc))
+                continue
+            if self._pending.get(key, ...) is record:  # not replaced while it was being written
+                del self._pending[key]
+            if self._failures:
+                log.info("store_recovered", after_failures=self._failures)
+            self._failures, self.open_until = 0, 0.0
+
+    def _trip(self, error: str) -> None:
+        self.failed_writes += 1
+        self.last_error = error
+        delay = BACKOFF_S[min(self._failures, len(BACKOFF_S) - 1)]
+        self._failures += 1
+        self.open_until = time.monotonic() + delay
+        if self._failures == 1:
+            log.warning("store_write_failed", error=error, pending=self.pending)
