@@ -25,7 +25,7 @@ from sessions.manager import Render, Session, SessionManager
 log = structlog.get_logger("specgate.turn")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: running turns are kept in a set
 class Turn:
     """A running turn: iterate it for text pieces, then await ``result``."""
 

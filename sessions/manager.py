@@ -197,7 +197,7 @@ class SessionManager:
             if local.cancel is not None:
                 local.cancel.set()
         self.writer.delete(key)
-        await self.worker.call(lambda engine: self._forget(key))  # ordered after the running model job
+        self.parked.discard(key)  # the model thread re-checks DELETED after parking (see _park_resident)
         log.info("session_deleted", session_id=session_id)
 
     def mirror(self, session: Session) -> None:
@@ -264,17 +264,14 @@ class SessionManager:
                 victim.kv_location = KVLocation.DISK if self.parked.where(key) == "disk" else KVLocation.EVICTED
 
     # -- model thread ------------------------------------------------------------
-    def _forget(self, key: str) -> None:
-        self.parked.discard(key)
-        if self._resident is not None and self._resident.key == key:
-            self._resident = None
-
     def _park_resident(self, engine: Engine) -> list[str]:
         """Save the resident session's KV (model thread only)."""
         resident, self._resident = self._resident, None
         if resident is None or resident.state is SessionState.DELETED:
             return []
         evicted = self.parked.put(resident.key, engine.save_kv())
+        if resident.state is SessionState.DELETED:  # deleted while its KV was being saved
+            self.parked.discard(resident.key)
         for key in evicted:
             log.info("session_kv_evicted", session_key=key, spilled=self.parked.where(key) == "disk")
         return evicted

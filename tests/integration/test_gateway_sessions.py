@@ -143,6 +143,7 @@ def test_redis_outage_keeps_turns_working_and_the_store_converges(small_model):
                    {"role": "user", "content": "Again."}]
         out = chat(gw, history, sid)
         assert out["timings"]["cache_n"] > 0
+        assert not gw.call(gw.app[keys.WRITER].flush(0.5))  # the record waits in the buffer
         view = httpx.get(f"{gw.base}/v1/sessions/{sid}").json()
         assert view["turns"] == 2 and view["store_synced"] is False
         created = httpx.post(gw.base + "/v1/sessions", json={}).json()["id"]  # buffered, not refused

@@ -1,0 +1,251 @@
+"""Security regressions, in the spirit of llama.cpp's server test of the same name: API keys,
+session isolation between keys, refused ids, bounded input and session-state integrity,
+through the real gateway (tiny models, a real redis-server) and real HTTP/WS clients."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import httpx
+import orjson
+import pytest
+
+from core.config import Limits
+from gateway import keys
+from tests.support import start_gateway
+
+pytestmark = [pytest.mark.models, pytest.mark.redis]
+ALICE, BOB = {"Authorization": "Bearer sk-alice"}, {"Authorization": "Bearer sk-bob"}
+ONE = [{"role": "user", "content": "Say something."}]
+
+
+@pytest.fixture(scope="module")
+def spill_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("spill")
+
+
+@pytest.fixture(scope="module")
+def gw(tiny_target, tiny_speculator, redis_server, spill_dir):
+    server = start_gateway(tiny_target, tiny_speculator, redis_url=redis_server.url, api_keys=("sk-alice", "sk-bob"),
+                           kv_budget_mb=0, kv_spill_dir=str(spill_dir), max_queue=3,
+                           limits=Limits(max_messages=64, max_sessions_per_key=12, max_tokens_cap=512))
+    yield server
+    server.stop()
+
+
+def chat(gw, headers, session=None, messages=ONE, **extra) -> httpx.Response:
+    h = {**headers, **({"X-Session-Id": session} if session else {})}
+    return httpx.post(gw.base + "/v1/chat/completions", headers=h, timeout=120,
+                      json={"messages": messages, "max_tokens": 4, **extra})
+
+
+def code(resp: httpx.Response) -> tuple[int, str]:
+    return resp.status_code, resp.json()["error"]["code"]
+
+
+def stored(redis_server, gw, owner_header, sid):
+    gw.call(gw.app[keys.WRITER].flush(5))
+    owner = gw.app[keys.API_KEYS].owner(owner_header["Authorization"])
+    raw = redis_server.client.get(f"specgate:session:{owner}:{sid}")
+    return None if raw is None else orjson.loads(raw)
+
+
+def test_missing_or_wrong_key_gets_401_and_probes_stay_open(gw):
+    for headers in ({}, {"Authorization": "Bearer sk-mallory"}, {"Authorization": "sk-alice"}):
+        r = chat(gw, headers)
+        assert code(r) == (401, "invalid_api_key") and r.headers["WWW-Authenticate"].startswith("Bearer")
+        assert httpx.get(gw.base + "/v1/models", headers=headers).status_code == 401
+        assert httpx.post(gw.base + "/v1/sessions", headers=headers, json={}).status_code == 401
+    for path in ("/health", "/ready", "/metrics", "/openapi.json"):
+        assert httpx.get(gw.base + path).status_code == 200, path
+    assert chat(gw, ALICE).status_code == 200
+
+
+def test_another_keys_session_looks_exactly_unknown(gw, redis_server):
+    r = chat(gw, ALICE, "shared-name", [{"role": "user", "content": "The vault code is 1234."}])
+    assert r.status_code == 200
+    unknown = httpx.get(gw.base + "/v1/sessions/never-made", headers=BOB)
+    theirs = httpx.get(gw.base + "/v1/sessions/shared-name", headers=BOB)
+    assert theirs.status_code == unknown.status_code == 404
+    assert theirs.json()["error"]["message"].replace("shared-name", "X") == \
+        unknown.json()["error"]["message"].replace("never-made", "X")
+    assert httpx.delete(gw.base + "/v1/sessions/shared-name", headers=BOB).status_code == 404
+    # the same name under Bob's key is Bob's own, fresh session: nothing of Alice's is reused
+    mine = chat(gw, BOB, "shared-name", [{"role": "user", "content": "The vault code is 1234."}])
+    assert mine.status_code == 200 and mine.json()["timings"]["cache_n"] == 0
+    assert httpx.post(gw.base + "/v1/sessions", headers=BOB, json={"id": "other-alice"}).status_code == 201
+    assert stored(redis_server, gw, ALICE, "shared-name")["turns"] == 1  # untouched by Bob
+    assert httpx.get(gw.base + "/v1/sessions/shared-name", headers=ALICE).json()["turns"] == 1
+
+    async def ws_as_bob() -> int:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+                await http.ws_connect(f"{gw.base}/v1/sessions/shared-name-x/ws", headers=BOB)
+            async with http.ws_connect(f"{gw.base}/v1/sessions/shared-name/ws", headers=BOB) as ws:
+                await ws.send_json({"type": "turn", "messages": [{"role": "user", "content": "Code?"}],
+                                    "max_tokens": 2})
+                while (event := await ws.receive_json())["type"] == "delta":
+                    pass
+                assert event["type"] == "done"
+            with pytest.raises(aiohttp.WSServerHandshakeError) as nokey:
+                await http.ws_connect(f"{gw.base}/v1/sessions/shared-name/ws")
+            assert nokey.value.status == 401
+            return info.value.status
+
+    assert asyncio.run(ws_as_bob()) == 404
+    assert stored(redis_server, gw, ALICE, "shared-name")["turns"] == 1
+
+
+def test_path_traversal_and_odd_ids_are_refused(gw, spill_dir, tmp_path):
+    bait = tmp_path / "x.kv"
+    bait.write_text("keep me")
+    rel = "..%2F" * 12 + str(bait.with_suffix("")).lstrip("/").replace("/", "%2F")
+    for sid in (rel, "..%2F", "%D9%A3%D9%A3", "a" * 65, "a%20b"):
+        r = httpx.delete(f"{gw.base}/v1/sessions/{sid}", headers=ALICE)
+        assert code(r) == (400, "invalid_request"), sid
+        assert httpx.get(f"{gw.base}/v1/sessions/{sid}", headers=ALICE).status_code == 400
+    assert code(chat(gw, ALICE, "../../etc/passwd"))[0] == 400
+    assert bait.read_text() == "keep me"
+    assert all(p.parent == spill_dir for p in spill_dir.rglob("*"))
+
+
+@pytest.mark.parametrize("extra, status", [
+    ({"specprefill": {"lookahead": 1.5}}, 400),  # was a 500 that reset the session's KV
+    ({"specprefill": {"lookahead": 10**6}}, 400),  # was ~21 GB of captured rows
+    ({"specprefill": {"break_even": False}}, 400),
+    ({"n": True}, 400),
+    ({"max_tokens": 100_000}, 400),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": "x"}]}, 400),  # was a 500
+    ({"messages": ONE * 65}, 413),
+    ({"messages": [{"role": "user", "content": "w" * 70_000}]}, 413),
+])
+def test_bad_fields_get_4xx_and_leave_the_session_intact(gw, extra, status):
+    sid = f"intact-{abs(hash(str(extra))) % 10**8}"
+    first = chat(gw, ALICE, sid, [{"role": "user", "content": "Remember 42. " * 20}])
+    assert first.status_code == 200
+    bad = chat(gw, ALICE, sid, **{"messages": [{"role": "user", "content": "Remember 42. " * 20}], **extra})
+    assert bad.status_code == status, bad.text
+    again = chat(gw, ALICE, sid, [{"role": "user", "content": "Remember 42. " * 20}])
+    assert again.json()["timings"]["cache_n"] > 0  # the session's KV survived the bad request
+    httpx.delete(f"{gw.base}/v1/sessions/{sid}", headers=ALICE)
+
+
+def test_a_flood_of_tiny_messages_is_refused_before_the_model_thread():
+    from core.config import TurnParams
+    from core.errors import RequestTooLarge
+    from gateway import protocol
+
+    body = {"messages": [{"role": "user", "content": "x"}] * 20_000}
+    t0 = time.perf_counter()
+    with pytest.raises(RequestTooLarge, match="max_messages"):
+        protocol.parse_chat(body, TurnParams(), None)
+    assert time.perf_counter() - t0 < 1.0  # refused on parsing, never rendered
+
+
+def test_tool_schemas_nested_1000_deep_get_413(gw):
+    def body(n: int) -> bytes:  # written by hand: no JSON encoder nests this deep
+        deep = '{"type":"object","properties":{"x":' * n + '{"type":"string"}' + "}}" * n
+        return ('{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":'
+                '{"name":"f","parameters":' + deep + "}}]}").encode()
+
+    r = httpx.post(gw.base + "/v1/chat/completions", headers=ALICE, content=body(400))
+    assert code(r) == (413, "request_too_large") and "max_tool_depth" in r.json()["error"]["message"]
+    r = httpx.post(gw.base + "/v1/chat/completions", headers=ALICE, content=body(1000))  # 2000 levels
+    assert code(r) == (400, "invalid_request") and "malformed JSON" in r.json()["error"]["message"]
+
+
+def test_only_known_message_fields_are_stored(gw, redis_server):
+    msgs = [{"role": "user", "content": "Hello.", "evil": "x" * 1000, "name": "u1"}]
+    assert chat(gw, ALICE, "fields-1", msgs).status_code == 200
+    history = stored(redis_server, gw, ALICE, "fields-1")["history"]
+    assert history[0] == {"role": "user", "content": "Hello.", "name": "u1"}
+
+
+def test_session_cap_per_key_answers_429(gw):
+    made = []
+    try:
+        for i in range(40):
+            r = httpx.post(gw.base + "/v1/sessions", headers=BOB, json={"id": f"cap-{i}"})
+            if r.status_code != 201:
+                break
+            made.append(f"cap-{i}")
+        assert code(r) == (429, "too_many_sessions") and "12" in r.json()["error"]["message"]
+        assert len(made) < 12 and httpx.post(gw.base + "/v1/sessions", headers=ALICE, json={}).status_code == 201
+    finally:
+        for sid in made:
+            httpx.delete(f"{gw.base}/v1/sessions/{sid}", headers=BOB)
+
+
+def _stream(gw, sid, max_tokens=400):
+    return httpx.stream("POST", gw.base + "/v1/chat/completions", headers={**ALICE, "X-Session-Id": sid},
+                        timeout=120, json={"messages": [{"role": "user", "content": "Count to a thousand."}],
+                                           "max_tokens": max_tokens, "stream": True, "specprefill": False})
+
+
+class ModelThreadHeld:
+    """Holds the model thread with a job of its own, so a turn stays claimed and queued for
+    as long as a test needs (tiny models finish any real turn in milliseconds)."""
+
+    def __init__(self, gw) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.future = asyncio.run_coroutine_threadsafe(
+            gw.app[keys.WORKER].call(lambda engine: self.release.wait(60)), gw.loop)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
+        self.future.result(60)
+
+
+def test_a_second_concurrent_turn_on_a_session_gets_409(gw):
+    with ModelThreadHeld(gw), _stream(gw, "busy-1") as resp:
+        assert resp.status_code == 200
+        assert code(chat(gw, ALICE, "busy-1")) == (409, "session_busy")
+    for _ in range(100):  # the left stream is cancelled; the session frees up
+        if (r := chat(gw, ALICE, "busy-1")).status_code == 200:
+            break
+        time.sleep(0.05)
+    assert r.status_code == 200 and r.json()["timings"]["cache_n"] == 0  # the cancelled turn kept nothing
+
+
+def test_delete_during_a_running_turn_wins(gw, redis_server):
+    held = ModelThreadHeld(gw)
+    with held, _stream(gw, "doomed-1") as resp:
+        assert httpx.delete(gw.base + "/v1/sessions/doomed-1", headers=ALICE).status_code == 200
+        held.release.set()
+        events = [line for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and '"code":"cancelled"' in events[-2]
+    assert httpx.get(gw.base + "/v1/sessions/doomed-1", headers=ALICE).status_code == 404
+    assert stored(redis_server, gw, ALICE, "doomed-1") is None
+
+
+def test_a_full_queue_refuses_streams_with_a_real_429(gw):
+    streams = [_stream(gw, f"q-{i}", max_tokens=200) for i in range(6)]
+    statuses = []
+    opened = []
+    try:
+        for s in streams:
+            resp = s.__enter__()
+            opened.append(s)
+            statuses.append(resp.status_code)
+            if resp.status_code == 429:
+                assert resp.headers["Retry-After"] == "2"
+                break
+        assert 429 in statuses
+    finally:
+        for s in opened:
+            s.__exit__(None, None, None)
+
+
+def test_metrics_are_typed_and_count_rejections(gw):
+    text = httpx.get(gw.base + "/metrics").text
+    assert "# TYPE specgate_kv_evictions_total counter" in text
+    assert "# TYPE specgate_live_sessions gauge" in text
+    assert "# TYPE specgate_spill_rejected_total counter" in text
+    assert 'specgate_turns_total{outcome="completed"}' in text
