@@ -15,7 +15,7 @@ from core import model_files
 from core.config import EngineConfig, PrefillPolicy, build
 from core.errors import ConfigError
 
-SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner")
+SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +75,18 @@ def run(args: argparse.Namespace) -> int:
         rows = planner.run(engine, build(PrefillPolicy), lengths, out / f"planner{suffix}.json")
         plots.planner(rows, out / f"planner{suffix}.png")
         summaries["planner"] = planner.summary(rows)
+    if "soak" in chosen:
+        from bench import soak
+
+        sessions, turns = (20, 5) if args.quick else (100, 10)
+        s = soak.run(str(derived(3)), str(derived(2)), out / f"soak{suffix}.json", sessions, turns)
+        plots.soak(orjson.loads((out / f"soak{suffix}.json").read_bytes())["samples"], out / f"soak{suffix}.png")
+        summaries["soak"] = s
+    if "fuzz" in chosen:
+        from bench import fuzz
+
+        summaries["fuzz"] = fuzz.run(str(derived(3)), str(derived(2)), out / f"fuzz{suffix}.json",
+                                     20 if args.quick else 200)
     if "topp" in chosen:
         from bench import topp
         summaries["topp"] = topp.run(out / f"topp{suffix}.json")

@@ -116,6 +116,15 @@ def specattn_decode(contexts: list[dict[str, Any]], out: Path) -> None:
     _save(fig, out)
 
 
+def soak(samples: list[dict[str, Any]], out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    t = [s["t_s"] for s in samples]
+    ax.plot(t, [s["rss_mb"] for s in samples], label="server RSS (MB)")
+    ax.plot(t, [s.get("specgate_kv_bytes_ram", 0) / 2**20 for s in samples], label="parked KV in RAM (MB)")
+    ax.plot(t, [s.get("specgate_kv_bytes_disk", 0) / 2**20 for s in samples], label="spilled KV on disk (MB)")
+    _finish(fig, ax, out, "seconds", "MB", "soak: 100 sessions x 10 turns, tiny models, 16 MB KV budget")
+
+
 def _finish(fig: Any, ax: Any, out: Path, xlabel: str, ylabel: str, title: str,
             legend_size: int | None = None) -> None:
     ax.set_xlabel(xlabel)

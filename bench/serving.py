@@ -26,10 +26,15 @@ from core.config import EngineConfig
 
 
 @contextlib.contextmanager
-def server(cmd: list[str], port: int, log: Path) -> Iterator[str]:
+def server(cmd: list[str], port: int, log: Path, pids: list[int] | None = None,
+           env: dict[str, str] | None = None) -> Iterator[str]:
+    """A server process for the ``with`` block; its pid is appended to ``pids``."""
     base = f"http://127.0.0.1:{port}"
     with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
+        if pids is not None:
+            pids.append(proc.pid)
         try:
             deadline = time.time() + 300
             while time.time() < deadline:

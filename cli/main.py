@@ -46,6 +46,15 @@ HELP = {
     "target": "target GGUF (default: the fetched Qwen2.5-Coder-1.5B)",
     "speculator": "speculator GGUF (default: the fetched Qwen2.5-Coder-0.5B)",
     "n_threads": "llama.cpp threads (default: all cores)",
+    "api_keys_file": "file of API keys, one per line (or SPECGATE_API_KEYS=k1,k2); none = no authentication",
+    "kv_spill_max_mb": "disk the spilled KV may take; past it the oldest spills are dropped",
+    "drain_timeout_s": "on SIGTERM, how long running turns may take to finish",
+    "max_messages": "most messages one request may carry (413 past it)",
+    "max_prompt_chars": "most content characters one request may carry (0 = 16 per context token)",
+    "max_tool_depth": "deepest JSON nesting of tool definitions",
+    "max_tokens_cap": "largest max_tokens a request may ask for",
+    "max_sessions": "live sessions this process holds (429 past it)",
+    "max_sessions_per_key": "sessions one API key may hold (429 past it)",
 }
 
 

@@ -49,8 +49,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             return json_error(exc)
         if exc.status >= 400:
             status, code = exc.status, exc.reason.lower().replace(" ", "_")
+            kept = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}  # 405 names methods
             return web.json_response({"error": {"message": exc.reason, "type": "invalid_request_error",
-                                                "code": code}}, status=status)
+                                                "code": code}}, status=status, headers=kept)
         raise
     except SpecGateError as exc:
         (log.error if exc.status >= 500 else log.info)("request_error", path=request.path, status=exc.status,

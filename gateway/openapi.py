@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 routes = web.RouteTableDef()
+_ID = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
 
 _ERROR = {"description": "an error", "content": {"application/json": {"schema": {
     "type": "object", "required": ["error"], "properties": {"error": {
@@ -33,18 +34,18 @@ _CHAT = {"type": "object", "required": ["messages"], "properties": {
     "temperature": {"type": "number"}, "top_p": {"type": "number"}, "top_k": {"type": "integer"},
     "seed": {"type": "integer"},
     "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-    "stream": {"type": "boolean"}, "n": {"type": "integer"},
+    "stream": {"type": "boolean"}, "n": {"type": "integer", "enum": [1]},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
     "tools": {"type": "array", "items": _TOOL}, "tool_choice": {"type": "string"},
-    "session_id": {"type": "string"},
+    "session_id": _ID,
     "specprefill": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
     "speculative": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
     "specattn": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
 }}
 _RESPONSES = {"200": _JSON_OK, "400": _ERROR, "401": _ERROR, "404": _ERROR, "409": _ERROR, "413": _ERROR,
               "429": _ERROR, "503": _ERROR}
-_SESSION_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
-_SESSION_HEADER = {"name": "X-Session-Id", "in": "header", "required": False, "schema": {"type": "string"}}
+_SESSION_ID = {"name": "id", "in": "path", "required": True, "schema": _ID}
+_SESSION_HEADER = {"name": "X-Session-Id", "in": "header", "required": False, "schema": _ID}
 
 SPEC: dict[str, Any] = {
     "openapi": "3.0.3",
@@ -62,7 +63,7 @@ SPEC: dict[str, Any] = {
         "/v1/sessions": {"post": {
             "operationId": "create_session",
             "requestBody": {"required": False, "content": {"application/json": {"schema": {
-                "type": "object", "properties": {"id": {"type": "string"}}}}}},
+                "type": "object", "properties": {"id": _ID}}}}},
             "responses": {**_RESPONSES, "201": _JSON_OK}}},
         "/v1/sessions/{id}": {
             "get": {"operationId": "get_session", "parameters": [_SESSION_ID], "responses": _RESPONSES},

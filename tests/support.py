@@ -144,3 +144,59 @@ def policy(**fields: Any) -> TurnParams:
 
 def with_sampling(params: TurnParams, sampling: SamplingParams) -> TurnParams:
     return dataclasses.replace(params, sampling=sampling)
+
+
+class ServerProcess:
+    """``specgate serve`` as a real child process (for signals, crashes and restarts)."""
+
+    def __init__(self, target: Path, speculator: Path, *flags: str, env: dict[str, str] | None = None,
+                 port: int | None = None) -> None:
+        import os
+        import subprocess
+        import sys
+        import time
+
+        import httpx
+
+        self.port = port or free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        exe = Path(sys.executable).parent / "specgate"
+        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"specgate-{self.port}.log", "w+b")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [str(exe), "serve", "--target", str(target), "--speculator", str(speculator), "--port", str(self.port),
+             "--n-ctx", "4096", "--n-threads", "2", "--calibrate-tokens", "64", *flags],
+            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"specgate serve exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+            try:
+                if httpx.get(self.base + "/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        pytest.fail("specgate serve did not become ready")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except Exception:
+                self.proc.kill()
+        self.log.close()

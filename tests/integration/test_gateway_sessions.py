@@ -63,7 +63,7 @@ def test_keep_all_session_equals_fresh_requests_and_rebuilds_after_eviction(smol
     assert session_replies == fresh
     view = httpx.get(f"{gw.base}/v1/sessions/{a}").json()
     assert view["rebuilds"] == 1 and view["turns"] == 3
-    assert "specgate_kv_rebuilds_total 1.0" in httpx.get(gw.base + "/metrics").text
+    assert "specgate_kv_rebuilds_total 1.0\n" in httpx.get(gw.base + "/metrics").text
 
 
 def test_spill_to_disk_restores_without_rebuild(small_model, tmp_path):
@@ -191,7 +191,7 @@ def test_specattn_in_a_session_reports_its_timings_and_matches_plain(smol_gatewa
     whole = chat(smol_gateway, follow, max_tokens=12, speculative=True)
     assert text == whole["choices"][0]["message"]["content"] and whole["timings"]["decode_mode"] == "speculative"
     metrics = httpx.get(smol_gateway.base + "/metrics").text
-    assert 'specgate_decode_turns_total{mode="specattn"} 2' in metrics
-    assert 'specgate_decode_turns_total{mode="speculative"} 2' in metrics
-    drafted = int(metrics.split('specgate_draft_tokens_total{outcome="drafted"} ')[1].split()[0])
+    assert 'specgate_decode_turns_total{mode="specattn"} 2.0\n' in metrics
+    assert 'specgate_decode_turns_total{mode="speculative"} 2.0\n' in metrics
+    drafted = float(metrics.split('specgate_draft_tokens_total{outcome="drafted"} ')[1].split()[0])
     assert drafted >= t["draft_n"] + ts["draft_n"] + whole["timings"]["draft_n"]

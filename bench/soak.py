@@ -1,0 +1,138 @@
+"""``specgate bench soak``: many sessions, many turns, a small KV budget, on tiny models.
+
+100 sessions x 10 turns by default, 8 at a time, through a real ``specgate serve``
+with a real redis-server, a RAM budget far below the sessions' KV and a capped
+spill directory, so parking, spilling, dropping and rebuilding all happen.  It
+samples the server's RSS, parked KV bytes (RAM and disk) and the store's
+pending writes once a second, counts errors, and at the end checks that every
+session's stored history is exactly what its client sent and received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from bench.common import free_port, progress, write_result
+from bench.serving import server, specgate_cmd
+from core.config import EngineConfig
+
+WORDS = ("valve pump sensor log line reading pressure flow alarm reset shift operator panel unit check "
+         "cycle status north south east west level drift").split()
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def scrape(base: str) -> dict[str, float]:
+    text = httpx.get(base + "/metrics", timeout=5).text
+    wanted = ("specgate_kv_bytes_ram", "specgate_kv_bytes_disk", "specgate_store_pending_writes",
+              "specgate_live_sessions", "specgate_kv_rebuilds_total", "specgate_spill_writes_total")
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in wanted:
+            out[name] = float(value)
+    return out
+
+
+def sampler(pid: int, base: str, samples: list[dict[str, Any]], stop: threading.Event) -> None:
+    t0 = time.time()
+    while not stop.wait(1.0):
+        with contextlib.suppress(Exception):
+            samples.append({"t_s": round(time.time() - t0, 1), "rss_mb": round(rss_mb(pid), 1), **scrape(base)})
+
+
+def text(rng: random.Random, n_words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+async def session(http: httpx.AsyncClient, sid: str, turns: int, gate: asyncio.Semaphore,
+                  errors: list[str]) -> list[dict[str, Any]]:
+    rng = random.Random(sid)
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You keep plant logs."}]
+    for turn in range(turns):
+        history.append({"role": "user", "content": f"Turn {turn}: " + text(rng, 120)})
+        async with gate:
+            r = await http.post("/v1/chat/completions", headers={"X-Session-Id": sid},
+                                json={"messages": history, "max_tokens": 8})
+        if r.status_code != 200:
+            errors.append(f"{sid} turn {turn}: {r.status_code} {r.text[:200]}")
+            history.pop()
+            continue
+        history.append(r.json()["choices"][0]["message"])
+    return history
+
+
+async def drive(base: str, n_sessions: int, turns: int, concurrency: int) -> tuple[dict[str, list], list[str]]:
+    gate = asyncio.Semaphore(concurrency)
+    errors: list[str] = []
+    async with httpx.AsyncClient(base_url=base, timeout=300) as http:
+        ids = [f"soak-{i:03d}" for i in range(n_sessions)]
+        histories = await asyncio.gather(*(session(http, sid, turns, gate, errors) for sid in ids))
+    return dict(zip(ids, histories, strict=True)), errors
+
+
+def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 100, turns: int = 10) -> dict[str, Any]:
+    redis_bin = shutil.which("redis-server")
+    if redis_bin is None:
+        raise RuntimeError("the soak needs redis-server (ops/test.sh installs it)")
+    import redis
+
+    rport, port = free_port(), free_port()
+    redis_proc = subprocess.Popen([redis_bin, "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    spill = Path(tempfile.mkdtemp(prefix="specgate-soak-"))
+    logs = out.parent / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    engine = EngineConfig(target=tiny_target, speculator=tiny_speculator, n_ctx=8192)
+    cmd = specgate_cmd(port, engine, redis_url=f"redis://127.0.0.1:{rport}/0", kv_budget_mb=16,
+                       kv_spill_dir=str(spill), kv_spill_max_mb=64, max_queue=256, min_tokens=0)
+    samples: list[dict[str, Any]] = []
+    pids: list[int] = []
+    stop = threading.Event()
+    try:
+        with server(cmd, port, logs / "soak.log", pids) as base:
+            th = threading.Thread(target=sampler, args=(pids[0], base, samples, stop), daemon=True)
+            th.start()
+            progress(f"soak: {n_sessions} sessions x {turns} turns")
+            t0 = time.perf_counter()
+            histories, errors = asyncio.run(drive(base, n_sessions, turns, 8))
+            wall = time.perf_counter() - t0
+            time.sleep(2)  # let the store writer land the last records
+            stop.set()
+            th.join()
+            client = redis.Redis(port=rport)
+            intact = sum(orjson.loads(client.get(f"specgate:session:anonymous:{sid}") or b"{}").get("history")
+                         == h for sid, h in histories.items())
+            final = scrape(base)
+    finally:
+        stop.set()
+        redis_proc.terminate()
+        shutil.rmtree(spill, ignore_errors=True)
+    rss = [s["rss_mb"] for s in samples]
+    third = max(1, len(rss) // 3)
+    summary = {"sessions": n_sessions, "turns": turns, "requests": n_sessions * turns, "wall_s": round(wall, 1),
+               "errors": len(errors), "histories_intact": intact, "rss_mb_start": rss[0] if rss else None,
+               "rss_mb_max": max(rss, default=None), "rss_mb_end": rss[-1] if rss else None,
+               "rss_mb_mean_first_third": round(sum(rss[:third]) / third, 1) if rss else None,
+               "rss_mb_mean_last_third": round(sum(rss[-third:]) / third, 1) if rss else None,
+               "final_metrics": final, "kv_budget_mb": 16, "spill_max_mb": 64}
+    write_result(out, "soak", {"summary": summary, "samples": samples, "errors": errors[:50]},
+                 {"target": tiny_target, "speculator": tiny_speculator})
+    return summary
