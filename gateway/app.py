@@ -22,7 +22,7 @@ from aiohttp import WSCloseCode, web
 from core.config import ServeConfig, TurnParams
 from core.worker import ModelState, ModelWorker
 from gateway import auth, http_api, keys, openapi, ws_api
-from gateway.errors import Handler, error_middleware
+from gateway.errors import REJECTED, Handler, error_middleware
 from gateway.metrics import Metrics
 from gateway.turns import TurnRunner
 from sessions.manager import SessionManager
@@ -167,7 +167,8 @@ def create_app(config: ServeConfig) -> web.Application:
     app[keys.CONFIG] = config
     app[keys.DEFAULTS] = TurnParams(prefill=config.prefill, decoding=config.decoding)
     app[keys.STARTED] = time.time()
-    app[keys.METRICS] = Metrics()
+    app[keys.METRICS] = metrics = Metrics()
+    app[REJECTED] = lambda code: metrics.rejected.labels(code).inc()
     app[keys.API_KEYS] = api_keys = auth.ApiKeys.from_config(config.gateway)
     app[keys.WEBSOCKETS] = set()
     auth.warn_if_exposed(config.gateway, api_keys)

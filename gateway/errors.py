@@ -12,6 +12,7 @@ from core.errors import QueueFull, SpecGateError, Unauthorized
 
 log = structlog.get_logger("specgate.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+REJECTED: web.AppKey[Callable[[str], None]] = web.AppKey("on_rejected")  # counts refused requests by code
 
 
 def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
@@ -56,6 +57,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except SpecGateError as exc:
         (log.error if exc.status >= 500 else log.info)("request_error", path=request.path, status=exc.status,
                                                        code=exc.code, error=str(exc))
+        if (on_reject := request.app.get(REJECTED)) is not None:
+            on_reject(exc.code)
         return json_error(exc)
     except Exception as exc:
         log.exception("unhandled_error", path=request.path)

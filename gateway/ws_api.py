@@ -89,6 +89,7 @@ async def stream_turn(ws: web.WebSocketResponse, turn: Turn) -> None:
         result = await turn.result()
     except ConnectionResetError:
         turn.abandon()
+        log.info("client_disconnected", transport="ws")
         return
     except Exception as exc:
         log.warning("ws_turn_error", error=str(exc), error_type=type(exc).__name__)

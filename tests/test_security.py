@@ -249,3 +249,4 @@ def test_metrics_are_typed_and_count_rejections(gw):
     assert "# TYPE specgate_live_sessions gauge" in text
     assert "# TYPE specgate_spill_rejected_total counter" in text
     assert 'specgate_turns_total{outcome="completed"}' in text
+    assert 'specgate_rejected_total{code="invalid_api_key"}' in text
