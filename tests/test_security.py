@@ -250,3 +250,21 @@ def test_metrics_are_typed_and_count_rejections(gw):
     assert "# TYPE specgate_spill_rejected_total counter" in text
     assert 'specgate_turns_total{outcome="completed"}' in text
     assert 'specgate_rejected_total{code="invalid_api_key"}' in text
+
+
+def test_idle_sessions_expire_from_memory_and_disk(tiny_target, tiny_speculator, tmp_path):
+    gw = start_gateway(tiny_target, tiny_speculator, session_ttl_s=600, kv_budget_mb=0, kv_spill_dir=str(tmp_path))
+    manager = gw.app[keys.MANAGER]
+
+    async def sweep(later_s: float) -> int:  # on the gateway's loop, as its sweeper task runs it
+        return manager.sweep(time.time() + later_s)
+
+    try:
+        for sid in ("old-1", "old-2"):
+            assert chat(gw, {}, sid).status_code == 200  # the second parks (spills) the first
+        assert list(tmp_path.glob("*.kv")) and manager.live == 2
+        assert gw.call(sweep(60)) == 0 and manager.live == 2  # not idle long enough
+        assert gw.call(sweep(601)) == 2
+        assert manager.live == 0 and not list(tmp_path.glob("*.kv"))
+    finally:
+        gw.stop()

@@ -8,7 +8,7 @@ import pytest
 from core.chat import ChatTemplate
 from core.config import EngineConfig, SamplingParams
 from core.engine import Engine
-from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, VocabMismatch
+from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, TurnCancelled, VocabMismatch
 from core.prefill import dense_prefill, sparse_prefill
 from core.prompt import Prompt
 from tests.support import policy, with_sampling
@@ -136,6 +136,33 @@ def test_on_text_false_cancels(tiny_engine):
     r = tiny_engine.run(long_prompt(tiny_engine), with_sampling(policy(enabled=False), SamplingParams(max_tokens=20)),
                         on_text=lambda s: pieces.append(s) or False)
     assert r.finish_reason == "cancelled" and len(pieces) == 1
+
+
+def test_abort_stops_prefill_at_a_batch_boundary_and_the_engine_still_serves(tiny_engine):
+    polls = []
+
+    def abort() -> bool:  # false for the first batch, then the client "leaves"
+        polls.append(1)
+        return len(polls) > 1
+
+    prompt = long_prompt(tiny_engine, 150)  # several n_batch batches
+    with pytest.raises(TurnCancelled):
+        tiny_engine.run(prompt, with_sampling(policy(enabled=False), GREEDY), abort=abort)
+    assert len(polls) == 2  # one batch ran, then the second poll stopped it
+    assert tiny_engine.target_ctx.abort is None  # the hook does not outlive its turn
+    assert tiny_engine.run(prompt, with_sampling(policy(enabled=False), GREEDY)).timings.predicted_n == 8
+
+
+def test_spans_cost_two_template_renders_whatever_the_message_count(tiny_engine, monkeypatch):
+    chat = ChatTemplate(tiny_engine.target)
+    calls = []
+    real = chat.render_text
+    monkeypatch.setattr(chat, "render_text", lambda *a, **k: calls.append(1) or real(*a, **k))
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(301)]
+    prompt = chat.render(messages)
+    assert len(calls) == 2 and len(prompt.spans) == 301  # the old code rendered every prefix: 302
+    assert [s.role for s in prompt.spans[:3]] == ["user", "assistant", "user"]
+    assert all(a.end == b.start for a, b in zip(prompt.spans, prompt.spans[1:], strict=False))
 
 
 def test_empty_and_too_long_prompts(tiny_engine):
