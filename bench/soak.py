@@ -67,10 +67,10 @@ async def session(http: httpx.AsyncClient, sid: str, turns: int, gate: asyncio.S
     rng = random.Random(sid)
     history: list[dict[str, Any]] = [{"role": "system", "content": "You keep plant logs."}]
     for turn in range(turns):
-        history.append({"role": "user", "content": f"Turn {turn}: " + text(rng, 120)})
+        history.append({"role": "user", "content": f"Turn {turn}: " + text(rng, 40)})
         async with gate:
             r = await http.post("/v1/chat/completions", headers={"X-Session-Id": sid},
-                                json={"messages": history, "max_tokens": 8})
+                                json={"messages": history, "max_tokens": 6})
         if r.status_code != 200:
             errors.append(f"{sid} turn {turn}: {r.status_code} {r.text[:200]}")
             history.pop()

@@ -209,6 +209,9 @@ class GatewayConfig:
     api_keys_file: str = ""  # one key per line, '#' comments
     kv_spill_max_mb: int = 8192  # disk the spilled KV may take; past it the oldest spills are dropped
     drain_timeout_s: float = 30.0  # SIGTERM: how long running turns may take to finish
+    replica_id: str = ""  # this replica's name in the session registry; empty = hostname-port
+    advertise_url: str = ""  # where other replicas reach this one; empty = http://host:port
+    lease_ms: int = 15000  # a session lease's TTL in Redis, renewed while the replica keeps the session
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
@@ -220,6 +223,7 @@ class GatewayConfig:
         _one_of("log_level", self.log_level, ("debug", "info", "warning", "error"))
         _require(self.kv_spill_max_mb >= 0, "kv_spill_max_mb must be >= 0")
         _require(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
+        _require(self.lease_ms >= 1000, "lease_ms must be >= 1000")
 
 
 @dataclass(slots=True, frozen=True)

@@ -20,6 +20,7 @@ errors lives in exactly one place (the class attributes below).
     ├── TurnCancelled          the client left or cancelled; the turn stopped early (499)
     ├── SessionNotFound        unknown session id (404)
     ├── SessionBusy            a turn is already running for the session (409)
+    ├── OwnedElsewhere         another live replica owns the session (proxied; 409 when it cannot be)
     ├── QueueFull              the admission queue is full (429)
     ├── SessionLimit           the session cap (per key or in total) is reached (429)
     ├── ShuttingDown           the server is draining for a restart (503)
@@ -107,6 +108,15 @@ class SessionNotFound(SpecGateError):
 class SessionBusy(SpecGateError):
     status = 409
     code = "session_busy"
+
+
+class OwnedElsewhere(SpecGateError):
+    status = 409
+    code = "session_owned_elsewhere"
+
+    def __init__(self, message: str, key: str, replica_id: str) -> None:
+        super().__init__(message)
+        self.key, self.replica_id = key, replica_id
 
 
 class QueueFull(SpecGateError):

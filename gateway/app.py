@@ -11,23 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import structlog
 from aiohttp import WSCloseCode, web
 
-from core.config import ServeConfig, TurnParams
+from core.config import GatewayConfig, ServeConfig, TurnParams
 from core.worker import ModelState, ModelWorker
 from gateway import auth, http_api, keys, openapi, ws_api
 from gateway.errors import REJECTED, Handler, error_middleware
+from gateway.forward import route_to_owner, tag_replica
 from gateway.metrics import Metrics
 from gateway.turns import TurnRunner
 from sessions.manager import SessionManager
-from sessions.metadata import open_store
+from sessions.metadata import RedisStore, open_store
 from sessions.parked_kv import ParkedKV
+from sessions.registry import LocalRegistry, RedisRegistry
 from sessions.scheduler import FairScheduler
 from sessions.store_writer import StoreWriter
 
@@ -75,14 +79,25 @@ async def worker_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def store_ctx(app: web.Application) -> AsyncIterator[None]:
     cfg = app[keys.CONFIG].gateway
-    store = open_store(cfg.redis_url, cfg.session_ttl_s)
+    store = open_store(cfg.redis_url, cfg.session_ttl_s, app[keys.REPLICA_ID])
     writer = StoreWriter(store)
     app[keys.STORE], app[keys.WRITER] = store, writer
-    log.info("store_opened", kind=store.kind, reachable=await store.ping())
+    app[keys.REGISTRY] = registry = RedisRegistry(store.client, app[keys.REPLICA_ID], advertise_url(cfg),
+                                                  cfg.lease_ms) if isinstance(store, RedisStore) \
+        else LocalRegistry(app[keys.REPLICA_ID])
+    log.info("store_opened", kind=store.kind, reachable=await store.ping(), replica=app[keys.REPLICA_ID])
     writer.start()
-    yield
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=2)) as client:
+        app[keys.HTTP_CLIENT] = client
+        yield
+    await registry.stop()
     await writer.stop(flush_timeout_s=min(5.0, cfg.drain_timeout_s))
     await store.close()
+
+
+def advertise_url(cfg: GatewayConfig) -> str:
+    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+    return cfg.advertise_url or f"http://{host}:{cfg.port}"
 
 
 def model_fingerprint(config: ServeConfig) -> bytes:
@@ -101,7 +116,7 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
     parked = ParkedKV(cfg.kv_budget_mb << 20, cfg.kv_spill_dir or None, model_fingerprint(config),
                       cfg.kv_spill_max_mb << 20)
     manager = SessionManager(app[keys.WORKER], app[keys.STORE], parked, scheduler, app[keys.WRITER],
-                             cfg.limits, cfg.session_ttl_s)
+                             cfg.limits, cfg.session_ttl_s, app[keys.REGISTRY])
     runner = TurnRunner(manager, app[keys.METRICS], cfg.auto_create_sessions)
     app[keys.SCHEDULER], app[keys.PARKED], app[keys.MANAGER], app[keys.RUNNER] = scheduler, parked, manager, runner
     live = app[keys.METRICS].live
@@ -125,6 +140,7 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
         "specgate_store_errors": ("Failed metadata store writes (retried).", lambda: writer.failed_writes),
     })
     scheduler.start()
+    app[keys.REGISTRY].start(manager.held, manager.forget)
     sweeper = asyncio.create_task(_sweep(manager, max(1.0, min(60.0, cfg.session_ttl_s / 10))),
                                   name="specgate-sweeper")
     yield
@@ -153,7 +169,9 @@ async def drain(app: web.Application) -> None:
     for ws in tuple(sockets):
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
     flushed = await app[keys.WRITER].flush(min(5.0, cfg.drain_timeout_s))
-    log.info("drain_done", cancelled=cancelled, store_flushed=flushed)
+    released = await app[keys.REGISTRY].release(app[keys.MANAGER].held())  # other replicas take them now
+    await app[keys.REGISTRY].stop()
+    log.info("drain_done", cancelled=cancelled, store_flushed=flushed, leases_released=released)
 
 
 def app_runner(app: web.Application) -> web.AppRunner:
@@ -162,8 +180,11 @@ def app_runner(app: web.Application) -> web.AppRunner:
 
 
 def create_app(config: ServeConfig) -> web.Application:
-    app = web.Application(middlewares=[request_context, error_middleware, authenticate],
+    app = web.Application(middlewares=[request_context, error_middleware, authenticate, route_to_owner],
                           client_max_size=config.gateway.max_body_mb << 20)
+    gw = config.gateway
+    app[keys.REPLICA_ID] = gw.replica_id or f"{socket.gethostname()}-{gw.port}"
+    app.on_response_prepare.append(tag_replica)
     app[keys.CONFIG] = config
     app[keys.DEFAULTS] = TurnParams(prefill=config.prefill, decoding=config.decoding)
     app[keys.STARTED] = time.time()

@@ -69,7 +69,8 @@ async def stream_turn(request: web.Request, turn: Turn, model: str) -> web.Strea
     an optional usage chunk, then ``data: [DONE]``.  A client that goes away cancels
     generation at the next token."""
     req_id = protocol.new_id()
-    resp = web.StreamResponse(headers=SSE_HEADERS)
+    session_id = turn.request.session_id
+    resp = web.StreamResponse(headers={**SSE_HEADERS, **({"X-Session-Id": session_id} if session_id else {})})
 
     async def send(obj: dict[str, Any] | str) -> None:
         payload = obj if isinstance(obj, str) else dumps(obj)

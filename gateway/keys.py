@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import aiohttp
 from aiohttp import web
 
 from core.config import ServeConfig, TurnParams
@@ -12,6 +13,7 @@ from gateway.turns import TurnRunner
 from sessions.manager import SessionManager
 from sessions.metadata import MetadataStore
 from sessions.parked_kv import ParkedKV
+from sessions.registry import Registry
 from sessions.scheduler import FairScheduler
 from sessions.store_writer import StoreWriter
 
@@ -28,3 +30,6 @@ METRICS = web.AppKey("metrics", Metrics)
 RUNNER = web.AppKey("runner", TurnRunner)
 API_KEYS = web.AppKey("api_keys", ApiKeys)
 WEBSOCKETS = web.AppKey("websockets", set[web.WebSocketResponse])  # open sockets, closed on drain
+REPLICA_ID = web.AppKey("replica_id", str)
+HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)  # proxies turns to a session's owner
+REGISTRY = web.AppKey("registry", Registry)  # type: ignore[type-abstract]

@@ -29,13 +29,22 @@ import structlog
 from core.config import DEFAULT_LIMITS, Limits, TurnParams
 from core.decode import OnText
 from core.engine import Engine, Result
-from core.errors import InvalidRequest, SessionBusy, SessionLimit, SessionNotFound, TurnCancelled
+from core.errors import (
+    InvalidRequest,
+    OwnedElsewhere,
+    SessionBusy,
+    SessionLimit,
+    SessionNotFound,
+    StoreUnavailable,
+    TurnCancelled,
+)
 from core.prompt import Prompt
 from core.session_kv import SessionKV
 from core.worker import ModelWorker
 from sessions.ids import check_id, session_key
 from sessions.metadata import MetadataStore
 from sessions.parked_kv import ParkedKV
+from sessions.registry import LocalRegistry, Registry
 from sessions.scheduler import FairScheduler
 from sessions.store_writer import StoreWriter
 
@@ -73,6 +82,7 @@ class Session:
     last_status: str | None = None
     last_ttft_ms: float | None = None
     rebuilds: int = 0
+    version: int = 0  # of the stored record: every write carries a larger one
     kv: SessionKV = field(default_factory=SessionKV)
     messages: list[dict[str, Any]] = field(default_factory=list)
     cancel: threading.Event | None = None  # the running turn's
@@ -94,7 +104,8 @@ class Session:
 
     def record(self) -> dict[str, Any]:
         """What the store keeps: the metadata, the owner and the full history."""
-        return {**self.meta(), "state": SessionState.IDLE.value, "owner": self.owner, "history": self.messages}
+        return {**self.meta(), "state": SessionState.IDLE.value, "owner": self.owner, "history": self.messages,
+                "version": self.version}
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> Session:
@@ -108,6 +119,7 @@ class Session:
         s.kv_location = KVLocation.EVICTED if s.turns else KVLocation.NONE
         s.rebuilds = int(rec.get("rebuilds", 0))
         s.messages = list(rec.get("history") or [])
+        s.version = int(rec.get("version", 0))
         return s
 
 
@@ -119,7 +131,8 @@ class TurnOutcome:
 
 class SessionManager:
     def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV, scheduler: FairScheduler,
-                 writer: StoreWriter, limits: Limits = DEFAULT_LIMITS, ttl_s: float = 86400) -> None:
+                 writer: StoreWriter, limits: Limits = DEFAULT_LIMITS, ttl_s: float = 86400,
+                 registry: Registry | None = None) -> None:
         self.worker = worker
         self.store = store
         self.parked = parked
@@ -127,6 +140,7 @@ class SessionManager:
         self.writer = writer
         self.limits = limits
         self.ttl_s = ttl_s
+        self.registry: Registry = registry or LocalRegistry()
         self._sessions: dict[str, Session] = {}
         self._resident: Session | None = None  # model thread only
 
@@ -138,9 +152,36 @@ class SessionManager:
     def running(self) -> int:
         return sum(s.state is SessionState.RUNNING for s in self._sessions.values())
 
+    def held(self) -> list[str]:
+        """Keys of the sessions this replica keeps (their leases are renewed)."""
+        return list(self._sessions)
+
+    def forget(self, keys: list[str]) -> None:
+        """Leases another replica took: drop those sessions here (a running turn finishes, and
+        the store refuses its write)."""
+        for key in keys:
+            session = self._sessions.get(key)
+            if session is not None and session.state is SessionState.IDLE:
+                del self._sessions[key]
+                self.parked.discard(key)
+                log.info("session_moved_away", session_key=key)
+
+    async def _own(self, key: str, session_id: str) -> None:
+        """Hold ``key``'s lease, or :class:`OwnedElsewhere` naming the live owner."""
+        try:
+            holder = await self.registry.claim(key)
+        except StoreUnavailable:
+            if key in self._sessions:
+                return  # the registry is down: keep serving what this replica holds
+            raise
+        if holder is not None:
+            self.forget([key])
+            raise OwnedElsewhere(f"session {session_id!r} is served by replica {holder}", key, holder)
+
     # -- lifecycle -------------------------------------------------------------
     async def create(self, owner: str, session_id: str | None = None) -> Session:
         sid = check_id(session_id) if session_id is not None else f"sess-{uuid.uuid4().hex[:20]}"
+        await self._own(session_key(owner, sid), sid)
         if session_id is not None and await self.exists(owner, sid):
             raise InvalidRequest(f"session {sid!r} already exists")
         self._admit(owner)
@@ -170,6 +211,7 @@ class SessionManager:
 
     async def get(self, owner: str, session_id: str) -> Session:
         key = session_key(owner, check_id(session_id))
+        await self._own(key, session_id)
         session = self._sessions.get(key)
         if session is not None:
             return session
@@ -189,6 +231,7 @@ class SessionManager:
         """Delete wins: a running turn is cancelled and its result is not recorded; the
         store delete is queued behind nothing (replayed if the store is down)."""
         key = session_key(owner, check_id(session_id))
+        await self._own(key, session_id)
         local = self._sessions.pop(key, None)
         if local is None and await self.store.load(key) is None:
             raise SessionNotFound(f"unknown session {session_id!r}")
@@ -203,6 +246,7 @@ class SessionManager:
     def mirror(self, session: Session) -> None:
         """Queue the session's record for the store (see :class:`StoreWriter`)."""
         if session.state is not SessionState.DELETED:
+            session.version += 1
             self.writer.save(session.key, session.record())
 
     def sweep(self, now: float | None = None) -> int:

@@ -1,7 +1,11 @@
-"""Session metadata stores: Redis (``redis.asyncio`` + orjson) or in-process.
+"""Session record stores: Redis (``redis.asyncio`` + orjson) or in-process.
 
 Both expire a session's record ``ttl_s`` after its last write.  Redis errors
 surface as :class:`StoreUnavailable` so the HTTP layer answers 503 precisely.
+In Redis a record is written by one atomic script, and only while this
+replica holds the session's lease (or nobody does) and the record's
+``version`` grows: a replica that lost a session cannot overwrite the
+history its new owner writes (see sessions/registry.py).
 """
 
 from __future__ import annotations
@@ -20,12 +24,24 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from core.errors import StoreUnavailable
 
 KEY_PREFIX = "specgate:session:"
+LEASE_PREFIX = "specgate:lease:"
+SAVE = """
+local lease = redis.call('GET', KEYS[2])
+if lease and lease ~= ARGV[3] then return 0 end
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, old = pcall(cjson.decode, cur)
+  if ok and (tonumber(old['version']) or 0) >= tonumber(ARGV[4]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
 
 
 class MetadataStore(Protocol):
     kind: str
 
-    async def save(self, session_id: str, meta: dict[str, Any]) -> None: ...
+    async def save(self, session_id: str, meta: dict[str, Any]) -> bool: ...
     async def load(self, session_id: str) -> dict[str, Any] | None: ...
     async def delete(self, session_id: str) -> bool: ...
     async def ping(self) -> bool: ...
@@ -41,8 +57,9 @@ class MemoryStore:
         self.ttl_s = ttl_s
         self._data: dict[str, tuple[float, bytes]] = {}
 
-    async def save(self, session_id: str, meta: dict[str, Any]) -> None:
+    async def save(self, session_id: str, meta: dict[str, Any]) -> bool:
         self._data[session_id] = (time.monotonic() + self.ttl_s, orjson.dumps(meta))
+        return True
 
     async def load(self, session_id: str) -> dict[str, Any] | None:
         item = self._data.get(session_id)
@@ -67,21 +84,30 @@ class MemoryStore:
 class RedisStore:
     kind = "redis"
 
-    def __init__(self, url: str, ttl_s: int, timeout_s: float = 0.5) -> None:
+    def __init__(self, url: str, ttl_s: int, timeout_s: float = 0.5, replica_id: str = "") -> None:
         self.url = url
+        self.replica_id = replica_id
         self.ttl_s = ttl_s
         # short timeouts and one quick retry: a hung Redis costs a lookup about a second, and
         # writes never wait on it at all (they go through sessions.store_writer)
         self._redis = aioredis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                                         retry=Retry(ExponentialBackoff(cap=0.2, base=0.05), 1),
                                         retry_on_error=[RedisConnectionError, RedisTimeoutError])
+        self._save = self._redis.register_script(SAVE)
 
     def _fail(self, exc: Exception) -> StoreUnavailable:
         return StoreUnavailable(f"session store (redis) unavailable: {exc}")
 
-    async def save(self, session_id: str, meta: dict[str, Any]) -> None:
+    @property
+    def client(self) -> aioredis.Redis:
+        return self._redis
+
+    async def save(self, session_id: str, meta: dict[str, Any]) -> bool:
+        """False: refused, because another replica holds the lease or a newer version is stored."""
         try:
-            await self._redis.set(KEY_PREFIX + session_id, orjson.dumps(meta), ex=self.ttl_s)
+            return bool(await self._save(keys=[KEY_PREFIX + session_id, LEASE_PREFIX + session_id],
+                                         args=[orjson.dumps(meta), self.ttl_s, self.replica_id,
+                                               int(meta.get("version", 0))]))
         except (RedisError, OSError) as exc:
             raise self._fail(exc) from exc
 
@@ -97,7 +123,7 @@ class RedisStore:
 
     async def delete(self, session_id: str) -> bool:
         try:
-            return bool(await self._redis.delete(KEY_PREFIX + session_id))
+            return bool(await self._redis.delete(KEY_PREFIX + session_id, LEASE_PREFIX + session_id))
         except (RedisError, OSError) as exc:
             raise self._fail(exc) from exc
 
@@ -111,5 +137,5 @@ class RedisStore:
         await self._redis.aclose()
 
 
-def open_store(redis_url: str, ttl_s: int) -> MetadataStore:
-    return RedisStore(redis_url, ttl_s) if redis_url else MemoryStore(ttl_s)
+def open_store(redis_url: str, ttl_s: int, replica_id: str = "") -> MetadataStore:
+    return RedisStore(redis_url, ttl_s, replica_id=replica_id) if redis_url else MemoryStore(ttl_s)

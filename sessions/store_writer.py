@@ -34,6 +34,7 @@ class StoreWriter:
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
         self.failed_writes = 0
+        self.rejected_writes = 0
         self.last_error: str | None = None
         self.open_until = 0.0  # circuit open: no attempts before this monotonic time
 
@@ -89,8 +90,10 @@ class StoreWriter:
             try:
                 if record is None:
                     await self.store.delete(key)
-                else:
-                    await self.store.save(key, record)
+                elif not await self.store.save(key, record):
+                    self.rejected_writes += 1
+                    log.warning("store_write_rejected", session_key=key, version=record.get("version"),
+                                reason="another replica owns the session, or holds a newer version")
             except StoreUnavailable as exc:
                 self._trip(str(exc))
                 continue

@@ -1,0 +1,102 @@
+"""A local cluster through ``ops/cluster.sh`` (redis-server, N replicas, HAProxy), for the
+cluster tests and ``specgate bench failover``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from bench.common import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Cluster:
+    def __init__(self, directory: Path, n: int, env: dict[str, str]) -> None:
+        self.dir, self.n = directory, n
+        self.lb_port, self.redis_port = free_port(), free_port()
+        first = free_port()
+        while any(_busy(first + i) for i in range(n)):
+            first = free_port()
+        self.env = {**os.environ, **env, "CLUSTER_DIR": str(directory), "LB_PORT": str(self.lb_port),
+                    "FIRST_PORT": str(first), "REDIS_PORT": str(self.redis_port),
+                    "SPECGATE": str(Path(sys.executable).parent / "specgate")}
+        out = subprocess.run(["bash", str(ROOT / "ops/cluster.sh"), "up", str(n)], env=self.env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            self.down()
+            raise RuntimeError(f"ops/cluster.sh up failed:\n{out.stdout}\n{out.stderr}\n{self.logs()}")
+        self.base = out.stdout.strip().splitlines()[-1]
+
+    def port(self, i: int) -> int:
+        return int((self.dir / f"replica-{i}.port").read_text())
+
+    def pid(self, i: int) -> int:
+        return int((self.dir / f"replica-{i}.pid").read_text())
+
+    def url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.port(i)}"
+
+    def replica_of(self, replica_id: str) -> int:
+        return int(replica_id.removeprefix("r"))
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        os.kill(self.pid(i), sig)
+
+    def wait_exit(self, i: int, timeout: float = 120) -> None:
+        pid = self.pid(i)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"replica {i} did not exit")
+
+    def restart(self, i: int) -> None:
+        """Start replica ``i`` again on its port (a rolling restart's second half)."""
+        env = {**self.env, "SPECGATE_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
+               "SPECGATE_REPLICA_ID": f"r{i}"}
+        with open(self.dir / f"replica-{i}.log", "ab") as log:
+            proc = subprocess.Popen([self.env["SPECGATE"], "serve", "--port", str(self.port(i))], env=env,
+                                    stdout=log, stderr=subprocess.STDOUT)
+        (self.dir / f"replica-{i}.pid").write_text(str(proc.pid))
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url(i) + "/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"replica {i} did not come back:\n{self.logs()}")
+
+    def record(self, owner: str, sid: str) -> dict[str, Any] | None:
+        import redis
+
+        raw = redis.Redis(port=self.redis_port).get(f"specgate:session:{owner}:{sid}")
+        return None if raw is None else orjson.loads(raw)
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+                         for p in sorted(self.dir.glob("*.log")))
+
+    def down(self) -> None:
+        subprocess.run(["bash", str(ROOT / "ops/cluster.sh"), "down"], env=self.env, cwd=ROOT, timeout=300,
+                       capture_output=True)
+
+
+def _busy(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# A local SpecGate cluster on one machine: redis-server, N replicas, HAProxy in front.
+#   ops/cluster.sh up [N]   start (N=2); prints the balancer's URL
+#   ops/cluster.sh down     SIGTERM everything (replicas drain), then stop Redis and HAProxy
+# Settings come from the environment:
+#   CLUSTER_DIR (.cluster)   pids, ports, logs and the rendered haproxy.cfg
+#   LB_PORT (8080), FIRST_PORT (8081), REDIS_PORT (6390)
+#   SPECGATE_* variables reach every replica (models, API keys, policies, ...)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=$(mkdir -p "${CLUSTER_DIR:-.cluster}" && cd "${CLUSTER_DIR:-.cluster}" && pwd)
+LB_PORT=${LB_PORT:-8080}
+FIRST_PORT=${FIRST_PORT:-8081}
+REDIS_PORT=${REDIS_PORT:-6390}
+SPECGATE=${SPECGATE:-.venv/bin/specgate}
+
+wait_ready() {  # url seconds
+  for _ in $(seq "$(( $2 * 5 ))"); do
+    if curl -sf -o /dev/null "$1"; then return 0; fi
+    sleep 0.2
+  done
+  echo "not ready: $1" >&2
+  return 1
+}
+
+up() {
+  local n=${1:-2}
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --daemonize yes --pidfile "$DIR/redis.pid" --logfile "$DIR/redis.log"
+  local servers=""
+  for i in $(seq 1 "$n"); do
+    local port=$(( FIRST_PORT + i - 1 ))
+    SPECGATE_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0" SPECGATE_REPLICA_ID="r$i" \
+      "$SPECGATE" serve --port "$port" >"$DIR/replica-$i.log" 2>&1 &
+    echo $! >"$DIR/replica-$i.pid"
+    echo "$port" >"$DIR/replica-$i.port"
+    servers+="    server r$i 127.0.0.1:$port check"$'\n'
+  done
+  for i in $(seq 1 "$n"); do wait_ready "http://127.0.0.1:$(cat "$DIR/replica-$i.port")/ready" 300; done
+  sed -e "s/@LB_PORT@/$LB_PORT/" ops/haproxy.cfg.tmpl | awk -v s="$servers" '{ if ($0 == "@SERVERS@") printf "%s", s; else print }' \
+    >"$DIR/haproxy.cfg"
+  haproxy -c -q -f "$DIR/haproxy.cfg"
+  haproxy -D -f "$DIR/haproxy.cfg" -p "$DIR/haproxy.pid"
+  wait_ready "http://127.0.0.1:$LB_PORT/health" 30
+  echo "http://127.0.0.1:$LB_PORT"
+}
+
+down() {
+  for f in "$DIR"/replica-*.pid; do
+    [ -e "$f" ] || continue
+    kill -TERM "$(cat "$f")" 2>/dev/null || true
+  done
+  for f in "$DIR"/replica-*.pid; do
+    [ -e "$f" ] || continue
+    local pid; pid=$(cat "$f")
+    for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    rm -f "$f"
+  done
+  [ -e "$DIR/haproxy.pid" ] && kill "$(cat "$DIR/haproxy.pid")" 2>/dev/null || true
+  [ -e "$DIR/redis.pid" ] && kill "$(cat "$DIR/redis.pid")" 2>/dev/null || true
+  rm -f "$DIR/haproxy.pid" "$DIR/redis.pid"
+}
+
+case "${1:-}" in
+  up) up "${2:-2}" ;;
+  down) down ;;
+  *) echo "usage: ops/cluster.sh up [N] | down" >&2; exit 2 ;;
+esac

@@ -1,0 +1,136 @@
+"""Two replicas behind the real HAProxy, with a real redis-server, started by ops/cluster.sh:
+affinity, proxying to the owner, the ownership race, a rolling restart and a SIGKILL failover."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import threading
+
+import httpx
+import pytest
+
+from bench.cluster import Cluster
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_target, tiny_speculator, tmp_path_factory):
+    if shutil.which("haproxy") is None:
+        pytest.fail("haproxy not installed: run ops/test.sh, which installs it")
+    c = Cluster(tmp_path_factory.mktemp("cluster"), 2, {
+        "SPECGATE_TARGET": str(tiny_target), "SPECGATE_SPECULATOR": str(tiny_speculator),
+        "SPECGATE_N_CTX": "4096", "SPECGATE_N_THREADS": "1", "SPECGATE_CALIBRATE_TOKENS": "32",
+        "SPECGATE_MIN_TOKENS": "0", "SPECGATE_LEASE_MS": "4000"})
+    yield c
+    c.down()
+
+
+def turn(base: str, sid: str, history: list[dict], text: str, **extra) -> httpx.Response:
+    history.append({"role": "user", "content": text})
+    r = httpx.post(base + "/v1/chat/completions", headers={"X-Session-Id": sid}, timeout=120,
+                   json={"messages": history, "max_tokens": 4, **extra})
+    if r.status_code == 200:
+        history.append(r.json()["choices"][0]["message"])
+    else:
+        history.pop()
+    return r
+
+
+def replica(r: httpx.Response) -> str:
+    return r.headers["X-SpecGate-Replica"]
+
+
+@pytest.fixture(scope="module")
+def sessions(cluster):
+    """12 sessions with one turn each through the balancer: {sid: (history, replica)}."""
+    out = {}
+    for i in range(12):
+        history: list[dict] = [{"role": "system", "content": "You log pumps."}]
+        r = turn(cluster.base, f"c-{i}", history, f"Pump {i} ran {i * 7} minutes.")
+        assert r.status_code == 200, r.text
+        out[f"c-{i}"] = (history, replica(r))
+    return out
+
+
+def test_affinity_sticks_each_session_to_one_replica(cluster, sessions):
+    assert {rep for _, rep in sessions.values()} == {"r1", "r2"}  # the hash spreads them
+    for sid, (history, rep) in sessions.items():
+        r = turn(cluster.base, sid, history, "And the next pump?")
+        assert r.status_code == 200 and replica(r) == rep, sid
+        assert r.json()["timings"]["cache_n"] > 0 and not r.json()["timings"]["kv_rebuilt"]
+
+
+def test_a_turn_on_the_wrong_replica_is_proxied_to_the_owner(cluster, sessions):
+    sid, (history, rep) = next(iter(sessions.items()))
+    other = 2 if rep == "r1" else 1
+    r = turn(cluster.url(other), sid, history, "Still there?")
+    assert r.status_code == 200 and replica(r) == rep  # served where its KV lives
+    assert r.json()["timings"]["cache_n"] > 0
+
+
+def test_racing_replicas_take_over_a_session_exactly_once(cluster):
+    import redis
+
+    history: list[dict] = [{"role": "user", "content": "Race me."}]
+    assert turn(cluster.base, "race-1", history, "Ready?").status_code == 200
+    v0 = cluster.record("anonymous", "race-1")["version"]
+    redis.Redis(port=cluster.redis_port).delete("specgate:lease:anonymous:race-1")  # up for grabs
+    results: list[httpx.Response] = []
+    barrier = threading.Barrier(2)
+
+    def go(i: int) -> None:
+        barrier.wait()
+        results.append(turn(cluster.url(i), "race-1", list(history), f"From replica {i}."))
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in (1, 2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    ok = [r for r in results if r.status_code == 200]
+    assert ok and all(r.status_code in (200, 409) for r in results), [r.text for r in results]
+    assert len({replica(r) for r in ok}) == 1  # one owner served every turn that ran
+    record = cluster.record("anonymous", "race-1")
+    assert record["version"] == v0 + len(ok)  # every write landed, none was lost or doubled
+    assert record["history"][-1] == ok[-1].json()["choices"][0]["message"] if len(ok) == 1 else True
+
+
+def test_rolling_restart_drains_a_replica_and_its_sessions_continue(cluster, sessions):
+    victim = 1
+    mine = [(sid, h) for sid, (h, rep) in sessions.items() if rep == f"r{victim}"]
+    sid, history = mine[0]
+    with httpx.stream("POST", cluster.base + "/v1/chat/completions", headers={"X-Session-Id": sid}, timeout=120,
+                      json={"messages": [*history, {"role": "user", "content": "Count to 300."}],
+                            "max_tokens": 300, "stream": True}) as resp:
+        lines = resp.iter_lines()
+        next(line for line in lines if '"content"' in line and '"role"' not in line)
+        cluster.kill(victim, signal.SIGTERM)
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in "".join(rest)  # drained, not cut
+    cluster.wait_exit(victim)
+    for sid, history in mine:
+        r = turn(cluster.base, sid, history, "Who serves me now?")
+        assert r.status_code == 200 and replica(r) == "r2" and r.json()["timings"]["kv_rebuilt"], r.text
+        assert cluster.record("anonymous", sid)["history"] == history  # intact on the new owner
+        sessions[sid] = (history, "r2")
+    cluster.restart(victim)
+
+
+def test_sigkill_failover_moves_sessions_with_their_history(cluster, sessions):
+    for sid, (history, _) in sessions.items():  # r1 is back; sessions that moved stay with r2 (proxied)
+        assert turn(cluster.base, sid, history, "Checking in.").status_code == 200
+    owners = {sid: cluster.record("anonymous", sid) for sid in sessions}
+    victim = 2
+    cluster.kill(victim, signal.SIGKILL)
+    survivors = 0
+    for sid, (history, _) in sessions.items():
+        r = turn(cluster.base, sid, history, "After the crash?")
+        assert r.status_code == 200, r.text  # the balancer retries a refused connection elsewhere
+        assert replica(r) == "r1"
+        moved = r.json()["timings"]["kv_rebuilt"]
+        survivors += not moved
+        assert cluster.record("anonymous", sid)["history"] == history
+        assert cluster.record("anonymous", sid)["version"] > owners[sid]["version"]
+    assert survivors < len(sessions)  # some sessions really moved (and were rebuilt)
