@@ -15,7 +15,7 @@ from core import model_files
 from core.config import EngineConfig, PrefillPolicy, build
 from core.errors import ConfigError
 
-SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz")
+SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +87,11 @@ def run(args: argparse.Namespace) -> int:
 
         summaries["fuzz"] = fuzz.run(str(derived(3)), str(derived(2)), out / f"fuzz{suffix}.json",
                                      20 if args.quick else 200)
+    if "failover" in chosen:
+        from bench import failover
+
+        summaries["failover"] = failover.run(str(derived(3)), str(derived(2)), out / f"failover{suffix}.json",
+                                             *((6, 4) if args.quick else (20, 6)))
     if "topp" in chosen:
         from bench import topp
         summaries["topp"] = topp.run(out / f"topp{suffix}.json")

@@ -2,7 +2,7 @@
 # Set up SpecGate on a fresh machine.
 #   bash ops/setup.sh          .venv with SpecGate (llama-cpp-python builds from source, ~10 min the
 #                              first time, cached by pip afterwards) and the default models
-#   bash ops/setup.sh --test   the same plus the test extras and a redis-server binary
+#   bash ops/setup.sh --test   the same plus the test extras, redis-server and haproxy
 #   bash ops/setup.sh --unit   .venv-unit: every dependency but llama-cpp-python, the test extras and
 #                              redis-server; no models (what the unit tests need, in seconds)
 set -euo pipefail
@@ -11,11 +11,14 @@ mode=${1:-}
 PY=${PYTHON:-python3}
 PIP_FLAGS=(--quiet --disable-pip-version-check)
 
-install_redis() {
-  if ! command -v redis-server >/dev/null 2>&1; then
-    echo "== installing redis-server"
+install_redis() {  # and haproxy: the cluster tests run the real balancer
+  local missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing ${missing[*]}"
     if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server >/dev/null
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 }
 
