@@ -41,7 +41,7 @@ def server(cmd: list[str], port: int, log: Path, pids: list[int] | None = None,
                 if proc.poll() is not None:
                     raise RuntimeError(f"server exited: see {log}")
                 with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(base + "/v1/models", timeout=2).status_code == 200:
+                    if httpx.get(base + "/v1/models", timeout=2).status_code in (200, 401):  # 401: keys on
                         break
                 time.sleep(1)
             else:
