@@ -19,6 +19,7 @@ from core.errors import ConfigError
 SELECT_MODES = ("mass", "chunk")
 POSITION_MODES = ("original", "compact")
 GUARD_MODES = ("structural", "skip")
+SCORE_AGGREGATIONS = ("max", "filter-sum", "filter-max")  # see core/scoring.py
 DEFAULT_GUARD_KEYWORDS = (
     '"function"', '"tool"', "function", "tool_call", "<tools>", "get_", "set_",
     "search_", "create_", "update_", "delete_", "list_", "run_",
@@ -68,6 +69,7 @@ class PrefillPolicy:
     enabled: bool = True
     lookahead: int = 1  # chosen by specgate eval: see results/README.md "Answer quality"
     pool_kernel: int = 13
+    score_agg: str = "max"  # how attention rows become scores (core/scoring.py); filter-* read the last layer
     boost_first_n: int = 64
     boost_first_mult: float = 1.5
     boost_last_n: int = 128
@@ -89,6 +91,7 @@ class PrefillPolicy:
         _require(self.boost_first_mult > 0 and self.boost_last_mult > 0, "boost multipliers must be > 0")
         _require(self.boost_first_n >= 0 and self.boost_last_n >= 0, "boost spans must be >= 0")
         _one_of("position_mode", self.position_mode, POSITION_MODES)
+        _one_of("score_agg", self.score_agg, SCORE_AGGREGATIONS)
         _require(self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}")
         _require(self.safety > 0, f"safety must be > 0, got {self.safety}")
         _one_of("guard_mode", self.guard_mode, GUARD_MODES)

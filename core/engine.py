@@ -150,7 +150,7 @@ class Engine:
         """Per-token importance over all of ``tokens`` (see :meth:`capture_steps`)."""
         steps = self.capture_steps(kv, tokens, policy.lookahead, t)
         return importance(steps, len(tokens), policy.pool_kernel, policy.boost_first_n, policy.boost_first_mult,
-                          policy.boost_last_n, policy.boost_last_mult)
+                          policy.boost_last_n, policy.boost_last_mult, policy.score_agg)
 
     def capture_steps(self, kv: SeqState, tokens: tuple[int, ...], lookahead: int, t: Timings) -> list[np.ndarray]:
         """Prefill the speculator's missing tokens without capture, then capture the last

@@ -43,9 +43,28 @@ class Setting:
     lookahead: int = 8
     pool: int = 13
     scorer: str = "full"
+    agg: str = "max"
 
 
-def settings(quick: bool, truncated: tuple[int, ...]) -> list[Setting]:
+def scorer_model(name: str) -> Path:
+    """``S{k}``: the speculator's first k blocks; ``T{k}``: the target's (GemFilter proper)."""
+    spec = {"S": model_files.SPECULATOR, "T": model_files.TARGET}[name[0]]
+    return derived(int(name[1:]), spec)
+
+
+def scorer_settings(scorers: tuple[str, ...]) -> list[Setting]:
+    """Per cheaper scorer: the guide's aggregation against the filter layer's, lookahead 0
+    and 1, original positions; and the filter layer in compact positions."""
+    out = [Setting("full-filter-sum-la1-original", lookahead=1, agg="filter-sum")]
+    for name in scorers:
+        for agg in ("max", "filter-sum"):
+            for la in (0, 1):
+                out.append(Setting(f"{name}-{agg}-la{la}-original", scorer=name, agg=agg, lookahead=la))
+        out.append(Setting(f"{name}-filter-sum-la1-compact", "compact", scorer=name, agg="filter-sum", lookahead=1))
+    return out
+
+
+def settings(quick: bool, truncated: tuple[int, ...], scorers: tuple[str, ...] = ()) -> list[Setting]:
     out = []
     for mode in ("original", "compact"):
         for m in ((0.85,) if quick else (0.7, 0.85, 0.95)):
@@ -56,14 +75,14 @@ def settings(quick: bool, truncated: tuple[int, ...]) -> list[Setting]:
             out.append(Setting(f"la{la}-{mode}", mode, lookahead=la))
         out.append(Setting(f"nopool-{mode}", mode, pool=0))
     out += [Setting(f"K{k}-original", scorer=f"K{k}") for k in truncated]
-    return out
+    return out + (scorer_settings(scorers) if scorers else [])
 
 
 def kept_for(steps: list[np.ndarray], n: int, s: Setting, policy: PrefillPolicy,
              protected: tuple[tuple[int, int], ...] = ()) -> np.ndarray:
     """The tokens a setting keeps; ``protected``: the spans the guard keeps dense."""
     scores = importance(steps[: s.lookahead + 1], n, s.pool, policy.boost_first_n, policy.boost_first_mult,
-                        policy.boost_last_n, policy.boost_last_mult)
+                        policy.boost_last_n, policy.boost_last_mult, s.agg)
     return select_tokens(scores, s.selection, protected)
 
 
@@ -104,21 +123,24 @@ def retention_ci(dense: list[bool], sparse: list[bool], rounds: int = 2000) -> t
         if values else (0.0, 0.0)
 
 
-def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tuple[int, ...], out: Path) -> Any:
+def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tuple[int, ...], out: Path,
+             early: tuple[str, ...] = (), only_scorers: bool = False) -> Any:
+    """``early``: cheaper scorers (:func:`scorer_model`); ``only_scorers``: skip the policy grid."""
     from core.engine import Engine
 
     cfg = model_files.with_default_models(EngineConfig(n_ctx=4096, calibrate_tokens=0))
     target, speculator = cfg.target, cfg.speculator
     engine = Engine(cfg)
-    scorers = {f"K{k}": Engine(EngineConfig(target=str(derived(k)), speculator=str(derived(k)), n_ctx=4096,
-                                            calibrate_tokens=0)) for k in truncated}
+    paths = {**{f"K{k}": derived(k) for k in truncated}, **{name: scorer_model(name) for name in early}}
+    scorers = {name: Engine(EngineConfig(target=str(p), speculator=str(p), n_ctx=4096, calibrate_tokens=0))
+               for name, p in paths.items()}
     policy = PrefillPolicy()
-    arms = settings(quick, truncated)
+    arms = scorer_settings(early) if only_scorers else settings(quick, truncated, early)
     tasks = eval_tasks.generate(per_family, seed, words)
     rows: list[dict[str, Any]] = []
     meta = {"params": {"per_family": per_family, "seed": seed, "words": words},
             "models": {"target": target, "speculator": speculator,
-                       **{f"scorer_K{k}": str(derived(k)) for k in truncated}}}
+                       **{f"scorer_{name}": str(p) for name, p in paths.items()}}}
     try:
         for i, task in enumerate(tasks):
             prompt = engine.chat.render([for_template(m) for m in task.messages], eval_tasks.TOOLS)

@@ -15,6 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--words", type=int, default=800, help="filler words per task (~1.14 tokens each)")
     parser.add_argument("--quick", action="store_true", help="1 task per family and a small grid")
     parser.add_argument("--truncated", default="6,12", help="layer-truncated scorers to test (blocks), '' for none")
+    parser.add_argument("--scorers", default="", help="cheaper scorers, e.g. S8,S12,T9,T14: the speculator's (S) "
+                        "or the target's (T) first k blocks, with the guide's and the filter layer's aggregation")
+    parser.add_argument("--only-scorers", action="store_true", help="run the cheaper-scorer arms only")
     parser.add_argument("--out", default="results/eval")
     g = parser.add_argument_group("--specattn")
     g.add_argument("--specattn", action="store_true", help="SpecAttn: perplexity vs KV access, and decode speed")
@@ -37,6 +40,10 @@ def run(args: argparse.Namespace) -> int:
 
     per_family = 1 if args.quick else args.per_family
     truncated = tuple(int(x) for x in args.truncated.split(",") if x)
-    summary = answer_quality.run_eval(per_family, args.seed, args.words, args.quick, truncated, Path(args.out))
+    early = tuple(x.strip() for x in args.scorers.split(",") if x.strip())
+    if bad := [x for x in early if x[:1] not in ("S", "T") or not x[1:].isdigit()]:
+        raise SystemExit(f"--scorers: expected names like S8 or T14, got {bad}")
+    summary = answer_quality.run_eval(per_family, args.seed, args.words, args.quick, truncated, Path(args.out),
+                                      early, args.only_scorers)
     print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     return 0

@@ -56,3 +56,13 @@ def test_grid_covers_the_issue_settings():
         for part in ("mass0.7", "mass0.85", "mass0.95", "chunk0.1", "chunk0.2", "chunk0.3", "la1", "la4", "nopool"):
             assert f"{part}-{mode}" in names
     assert {"K6-original", "K12-original"} <= names
+
+
+def test_cheaper_scorer_arms_cover_aggregation_lookahead_and_positions():
+    from evals.answer_quality import scorer_settings
+
+    arms = scorer_settings(("S8", "T14"))
+    names = {a.name for a in arms}
+    assert "T14-filter-sum-la0-original" in names and "S8-max-la1-original" in names
+    assert "T14-filter-sum-la1-compact" in names and "full-filter-sum-la1-original" in names
+    assert len(arms) == 1 + 2 * 5 and {a.scorer for a in arms} == {"full", "S8", "T14"}

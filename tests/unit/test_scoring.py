@@ -48,3 +48,15 @@ def test_importance_pipeline_order():
     out = importance([step], 6, pool_kernel=0, first_n=1, first_mult=2.0, last_n=1, last_mult=3.0)
     # normalized [0, .2, .4, .6, .8, 1] then boosted
     np.testing.assert_allclose(out, [0, 0.2, 0.4, 0.6, 0.8, 3.0], atol=1e-6)
+
+
+def test_filter_layer_aggregations_read_only_the_last_layer():
+    step = np.zeros((3, 2, 4), dtype=np.float32)
+    step[0, 0, 0] = 9.0  # an early layer's peak: only the guide's max-max sees it
+    step[2, 0, 1], step[2, 1, 1] = 0.3, 0.3
+    step[2, 0, 2] = 0.5
+    assert int(np.argmax(reduce_steps([step], 4, "max"))) == 0
+    assert reduce_steps([step], 4, "filter-sum").tolist() == pytest.approx([0.0, 0.6, 0.5, 0.0])
+    assert reduce_steps([step], 4, "filter-max").tolist() == pytest.approx([0.0, 0.3, 0.5, 0.0])
+    with pytest.raises(ValueError, match="aggregation"):
+        reduce_steps([step], 4, "mean")
