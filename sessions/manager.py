@@ -166,22 +166,27 @@ class SessionManager:
                 self.parked.discard(key)
                 log.info("session_moved_away", session_key=key)
 
-    async def _own(self, key: str, session_id: str) -> None:
-        """Hold ``key``'s lease, or :class:`OwnedElsewhere` naming the live owner."""
+    async def _own(self, key: str, session_id: str, creating: bool = False) -> None:
+        """Hold ``key``'s lease, or :class:`OwnedElsewhere` naming the live owner.
+
+        A session this replica keeps is served without asking Redis: its lease is renewed
+        every second, and one another replica takes is reported by the renewal (``forget``),
+        so a hung Redis never sits on the reply path."""
+        if key in self._sessions:
+            return
         try:
             holder = await self.registry.claim(key)
         except StoreUnavailable:
-            if key in self._sessions:
-                return  # the registry is down: keep serving what this replica holds
+            if creating:  # a new session: nobody else can have it; the registry catches up
+                return
             raise
         if holder is not None:
-            self.forget([key])
             raise OwnedElsewhere(f"session {session_id!r} is served by replica {holder}", key, holder)
 
     # -- lifecycle -------------------------------------------------------------
     async def create(self, owner: str, session_id: str | None = None) -> Session:
         sid = check_id(session_id) if session_id is not None else f"sess-{uuid.uuid4().hex[:20]}"
-        await self._own(session_key(owner, sid), sid)
+        await self._own(session_key(owner, sid), sid, creating=True)
         if session_id is not None and await self.exists(owner, sid):
             raise InvalidRequest(f"session {sid!r} already exists")
         self._admit(owner)
