@@ -55,7 +55,8 @@ def scorer_model(name: str) -> Path:
 def scorer_settings(scorers: tuple[str, ...]) -> list[Setting]:
     """Per cheaper scorer: the guide's aggregation against the filter layer's, lookahead 0
     and 1, original positions; and the filter layer in compact positions."""
-    out = [Setting("full-filter-sum-la1-original", lookahead=1, agg="filter-sum")]
+    out = [Setting("full-max-la1-original", lookahead=1),  # today's default scorer
+           Setting("full-filter-sum-la1-original", lookahead=1, agg="filter-sum")]
     for name in scorers:
         for agg in ("max", "filter-sum"):
             for la in (0, 1):
