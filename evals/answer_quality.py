@@ -32,7 +32,7 @@ from gateway.tool_calls import for_template
 if TYPE_CHECKING:  # the engine (llama.cpp) loads only when an evaluation runs
     from core.engine import Engine
 
-ANSWER = SamplingParams(max_tokens=12)
+ANSWER = SamplingParams(max_tokens=40)  # agent-shaped prompts: the 1.5B often narrates before the answer
 
 
 @dataclass(slots=True, frozen=True)
