@@ -92,10 +92,13 @@ def test_a_paused_redis_neither_fails_nor_stalls_turns_and_the_store_converges(t
             msgs, paused = three_turns(msgs)
             ready = httpx.get(srv.base + "/ready", timeout=5).json()
             assert ready["ready"] and ready["degraded"]
+            metrics = httpx.get(srv.base + "/metrics", timeout=5).text
+            assert "specgate_store_pending_writes 1.0" in metrics  # the replies went out; the record waits
         finally:
             os.kill(redis.proc.pid, signal.SIGCONT)
-        # every Redis call on a reply path would wait out a 0.5 s timeout, at least once a turn
-        assert paused < healthy + 1.5, f"3 turns: {healthy:.2f}s with Redis, {paused:.2f}s with it paused"
+        # a Redis call on the reply path would wait out its timeout and retry (>1 s) every turn; the
+        # comparison is with the same 3 turns against a healthy Redis, with room for a noisy machine
+        assert paused < healthy + 2.5, f"3 turns: {healthy:.2f}s with Redis, {paused:.2f}s with it paused"
         for _ in range(100):
             if (rec := record(redis, "p-1")) and rec["turns"] == 6:
                 break
