@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class Cluster:
     def __init__(self, directory: Path, n: int, env: dict[str, str]) -> None:
-        self.dir, self.n = directory, n
+        self.dir = directory
         self.lb_port, self.redis_port = free_port(), free_port()
         first = free_port()
         while any(_busy(first + i) for i in range(n)):
@@ -44,9 +44,6 @@ class Cluster:
 
     def url(self, i: int) -> str:
         return f"http://127.0.0.1:{self.port(i)}"
-
-    def replica_of(self, replica_id: str) -> int:
-        return int(replica_id.removeprefix("r"))
 
     def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
         os.kill(self.pid(i), sig)

@@ -138,6 +138,8 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
                                     lambda: parked.spill_failures),
         "specgate_spill_rejected": ("KV spill files discarded by their checks.", lambda: parked.spill_rejected),
         "specgate_store_errors": ("Failed metadata store writes (retried).", lambda: writer.failed_writes),
+        "specgate_store_rejected_writes": ("Record writes refused: another replica owns the session.",
+                                           lambda: writer.rejected_writes),
     })
     scheduler.start()
     app[keys.REGISTRY].start(manager.held, manager.forget)

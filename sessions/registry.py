@@ -25,10 +25,11 @@ import structlog
 from redis.exceptions import RedisError
 
 from core.errors import StoreUnavailable
+from sessions.metadata import LEASE_PREFIX
 
 log = structlog.get_logger("specgate.registry")
-LEASE_PREFIX = "specgate:lease:"
 REPLICA_PREFIX = "specgate:replica:"
+__all__ = ["LEASE_PREFIX", "REPLICA_PREFIX", "LocalRegistry", "RedisRegistry", "Registry"]
 
 CLAIM = """
 local cur = redis.call('GET', KEYS[1])
