@@ -40,14 +40,14 @@ async def ws_turn(base: str, sid: str, text: str) -> dict:
 
 def test_sigterm_drains_a_streamed_turn_and_a_restart_resumes_every_session(small_model):
     redis = RedisServer()
-    srv = ServerProcess(small_model, small_model, "--redis-url", redis.url, "--drain-timeout-s", "60")
+    srv = ServerProcess(small_model, small_model, "--redis-url", redis.url, "--drain-timeout-s", "300")
     try:
         first = chat(srv.base, "http-1", [{"role": "user", "content": "My name is Ada."}]).json()
         http_history = [{"role": "user", "content": "My name is Ada."}, first["choices"][0]["message"]]
         assert httpx.post(srv.base + "/v1/sessions", json={"id": "ws-1"}).status_code == 201
         assert asyncio.run(ws_turn(srv.base, "ws-1", "My cat is called Tom."))["type"] == "done"
         with httpx.stream("POST", srv.base + "/v1/chat/completions", headers={"X-Session-Id": "long-1"},
-                          timeout=120, json={"messages": STORY, "max_tokens": 300, "stream": True}) as resp:
+                          timeout=600, json={"messages": STORY, "max_tokens": 120, "stream": True}) as resp:
             lines = resp.iter_lines()
             next(line for line in lines if '"content"' in line and '"role"' not in line)
             srv.signal(signal.SIGTERM)
