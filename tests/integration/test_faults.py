@@ -65,7 +65,11 @@ def test_sigterm_drains_a_streamed_turn_and_a_restart_resumes_every_session(smal
         assert again["timings"]["kv_rebuilt"] is True and again["timings"]["cache_n"] == 0
         done = asyncio.run(ws_turn(srv.base, "ws-1", "What is my cat called?"))
         assert done["type"] == "done" and done["timings"]["kv_rebuilt"] is True
-        ws_history = record(redis, "ws-1")["history"]
+        for _ in range(100):  # the record lands just after the reply (the store writer is asynchronous)
+            ws_history = record(redis, "ws-1")["history"]
+            if len(ws_history) >= 4:
+                break
+            time.sleep(0.05)
         assert [m["content"] for m in ws_history if m["role"] == "user"] == [
             "My cat is called Tom.", "What is my cat called?"]  # the history survived the restart
         assert done["usage"]["prompt_tokens"] > 20  # the prompt was rebuilt from it, not just the new message
