@@ -54,14 +54,15 @@ def scorer_model(name: str) -> Path:
 
 def scorer_settings(scorers: tuple[str, ...]) -> list[Setting]:
     """Per cheaper scorer: the guide's aggregation against the filter layer's, lookahead 0
-    and 1, original positions; and the filter layer in compact positions."""
+    and 1 in original positions, lookahead 1 in compact positions."""
     out = [Setting("full-max-la1-original", lookahead=1),  # today's default scorer
+           Setting("full-max-la1-compact", "compact", lookahead=1),
            Setting("full-filter-sum-la1-original", lookahead=1, agg="filter-sum")]
     for name in scorers:
         for agg in ("max", "filter-sum"):
             for la in (0, 1):
                 out.append(Setting(f"{name}-{agg}-la{la}-original", scorer=name, agg=agg, lookahead=la))
-        out.append(Setting(f"{name}-filter-sum-la1-compact", "compact", scorer=name, agg="filter-sum", lookahead=1))
+            out.append(Setting(f"{name}-{agg}-la1-compact", "compact", scorer=name, agg=agg, lookahead=1))
     return out
 
 
