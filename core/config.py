@@ -20,6 +20,7 @@ SELECT_MODES = ("mass", "chunk")
 POSITION_MODES = ("original", "compact")
 GUARD_MODES = ("structural", "skip")
 SCORE_AGGREGATIONS = ("max", "filter-sum", "filter-max")  # see core/scoring.py
+KV_LAYOUTS = ("split", "unified")  # see core/llama_bindings.Context
 DEFAULT_GUARD_KEYWORDS = (
     '"function"', '"tool"', "function", "tool_call", "<tools>", "get_", "set_",
     "search_", "create_", "update_", "delete_", "list_", "run_",
@@ -140,9 +141,16 @@ class EngineConfig:
     target_flash_attn: bool = True
     calibrate_tokens: int = 128
     layer_map: str = ""  # SpecAttn layer map JSON; empty = the one `specgate calibrate` stored for this pair
+    slots: int = 4  # sessions resident at once in both contexts (each up to n_ctx tokens); 1 = one turn at a time
+    kv_layout: str = "split"  # split: a KV stream per slot; unified: one shared pool (needed for SpecAttn)
+    step_tokens: int = 256  # prefill tokens per step of the loop, batched with the decoding slots' tokens
 
     def __post_init__(self) -> None:
         _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
+        _require(1 <= self.slots <= 64, f"slots must be in [1, 64], got {self.slots}")
+        _one_of("kv_layout", self.kv_layout, KV_LAYOUTS)
+        _require(self.step_tokens >= 1, f"step_tokens must be >= 1, got {self.step_tokens}")
+        _require(self.slots < self.n_batch, f"n_batch ({self.n_batch}) must exceed slots ({self.slots})")
         _require(self.speculator_n_ctx >= 0, f"speculator_n_ctx must be >= 0, got {self.speculator_n_ctx}")
         _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")
         _require(1 <= self.n_ubatch <= self.n_batch, "need 1 <= n_ubatch <= n_batch")

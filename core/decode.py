@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import llama_cpp
 
 from core.config import SamplingParams
-from core.llama_bindings import Context, Model
+from core.llama_bindings import Context, Model, Seq
+from core.steps import Tokens, Turn
 from core.stop import StopMatcher
 
 # Called with each new piece of text; return False to stop generating (client gone, cancel).
@@ -34,8 +35,9 @@ class Sampler:
             add(llama_cpp.llama_sampler_init_temp(params.temperature))
             add(llama_cpp.llama_sampler_init_dist(params.seed & 0xFFFFFFFF))
 
-    def sample(self, ctx: Context) -> int:
-        return int(llama_cpp.llama_sampler_sample(self._ptr, ctx.ptr, -1))
+    def sample(self, ctx: Context, idx: int = -1) -> int:
+        """From the logits of batch index ``idx`` of the context's last batch."""
+        return int(llama_cpp.llama_sampler_sample(self._ptr, ctx.ptr, idx))
 
     def close(self) -> None:
         if self._ptr:
@@ -96,22 +98,23 @@ class TextStream:
         return "".join(self._pieces)
 
 
-def generate(ctx: Context, n_past: int, params: SamplingParams,
-             on_text: OnText | None = None) -> Generation:
-    """Sample from the logits already in ``ctx`` (the prompt's last position is
-    ``n_past - 1``) until EOG, a stop string, ``max_tokens`` or the callback says stop."""
+def generate(seq: Seq, n_past: int, params: SamplingParams, on_text: OnText | None = None,
+             idx: int = -1) -> Turn[Generation]:
+    """Sample from the logits already in the context (batch index ``idx``; the prompt's
+    last position is ``n_past - 1``) until EOG, a stop string, ``max_tokens`` or the
+    callback says stop.  Each new token is a one-token request (see core.steps)."""
     sampler = Sampler(params)
-    stream = TextStream(ctx.model, params, on_text)
+    stream = TextStream(seq.model, params, on_text)
     t0 = time.perf_counter()
     first_s = 0.0
     n_decoded = 0
     try:
         while True:
-            tok = sampler.sample(ctx)
+            tok = sampler.sample(seq.ctx, idx)
             first_s = first_s or time.perf_counter() - t0
-            if not stream.push(tok) or n_past + len(stream.tokens) >= ctx.n_ctx:
+            if not stream.push(tok) or n_past + len(stream.tokens) >= seq.n_ctx:
                 break
-            ctx.decode([tok], n_past + len(stream.tokens) - 1)
+            idx = (yield Tokens(seq, [tok], n_past + len(stream.tokens) - 1)) or -1
             n_decoded += 1
     finally:
         sampler.close()

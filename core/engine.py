@@ -2,8 +2,11 @@
 
     prompt -> plan (guards, break-even) -> score -> select -> prefill -> decode
 
-All methods run on the caller's thread; the gateway calls them only from the
-model worker thread (core.worker), never from the event loop.
+A turn is a generator (:meth:`Engine.turn`, see core.steps) over one slot --
+one sequence id in each model's context -- so the step loop (core.step_loop)
+can batch several turns' tokens; :meth:`Engine.run` runs one turn alone.  All
+methods run on the caller's thread; the gateway calls them only from the model
+worker thread (core.worker), never from the event loop.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from core.chat import ChatTemplate
 from core.config import DecodeMode, DecodingPolicy, EngineConfig, PrefillPolicy, SamplingParams, TurnParams
 from core.cost_model import Costs, Work
 from core.decode import Generation, OnText, generate
-from core.errors import EmptyPrompt, PromptTooLong, VocabMismatch
-from core.llama_bindings import AttentionCapture, Context, Model
+from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong, VocabMismatch
+from core.llama_bindings import AttentionCapture, Context, Model, Seq
 from core.prefill import sparse_prefill
 from core.prompt import Prompt
 from core.results import Result, Timings
@@ -29,6 +32,7 @@ from core.selection import forced_mask, runs, select_tokens
 from core.session_kv import SeqState, SessionKV, common_prefix
 from core.specattn import SparseVerify, layer_weights
 from core.speculative import SpeculativeDecoder
+from core.steps import Tokens, Turn, drive
 
 VOCAB_PROBE = "SpecGate probe: fn get_weather(city) -> {\"temp\": 21.5} 東京 ✓"
 CALIBRATION_TEXT = (
@@ -46,7 +50,7 @@ def check_same_vocab(a: Model, b: Model) -> None:
 
 
 class Engine:
-    """Owns both models and their contexts; one request at a time."""
+    """Owns both models and their contexts, each with ``config.slots`` sequences."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -59,12 +63,15 @@ class Engine:
         try:
             check_same_vocab(self.speculator, self.target)
             self.capture = AttentionCapture(self.speculator.n_layer)
+            unified = config.kv_layout == "unified"
             self.target_ctx = Context(self.target, n_ctx=config.n_ctx, n_batch=config.n_batch,
                                       n_ubatch=config.n_ubatch, n_threads=config.n_threads,
-                                      flash_attn=config.target_flash_attn, views=True)
+                                      flash_attn=config.target_flash_attn, views=unified or config.slots == 1,
+                                      n_seq=config.slots, unified=unified or config.slots == 1)
             self.speculator_ctx = Context(self.speculator, n_ctx=config.speculator_ctx_len, n_batch=config.n_batch,
-                                    n_ubatch=config.n_ubatch, n_threads=config.n_threads,
-                                    flash_attn=False, capture=self.capture)
+                                          n_ubatch=config.n_ubatch, n_threads=config.n_threads,
+                                          flash_attn=False, capture=self.capture, n_seq=config.slots,
+                                          unified=unified or config.slots == 1)
         except Exception:
             self.close()
             raise
@@ -82,15 +89,19 @@ class Engine:
         self.target.close()
 
     # -- session KV residency -------------------------------------------------
-    def save_kv(self) -> tuple[bytes, bytes]:
-        """The resident session's KV of both models, serialized."""
-        return self.target_ctx.save_seq(), self.speculator_ctx.save_seq()
+    @property
+    def slots(self) -> int:
+        return self.target_ctx.n_seq
 
-    def load_kv(self, blobs: tuple[bytes, bytes] | None) -> None:
-        """Make a saved session resident; None empties both caches (a fresh or evicted session)."""
+    def save_kv(self, slot: int = 0) -> tuple[bytes, bytes]:
+        """The KV of both models in ``slot``, serialized."""
+        return self.target_ctx.seq(slot).save(), self.speculator_ctx.seq(slot).save()
+
+    def load_kv(self, blobs: tuple[bytes, bytes] | None, slot: int = 0) -> None:
+        """Restore a saved session into ``slot``; None empties it (a fresh or evicted session)."""
         target, speculator = blobs or (b"", b"")
-        self.target_ctx.load_seq(target)
-        self.speculator_ctx.load_seq(speculator)
+        self.target_ctx.seq(slot).load(target)
+        self.speculator_ctx.seq(slot).load(speculator)
 
     # -- measurement --------------------------------------------------------
     def calibrate(self, n_tokens: int) -> None:
@@ -146,32 +157,39 @@ class Engine:
                     compact=policy.position_mode == "compact")
         return planner.plan(work, policy, verdict, costs or self.costs)
 
-    def score(self, kv: SeqState, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings) -> np.ndarray:
+    def score(self, kv: SeqState, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings,
+              slot: int = 0) -> Turn[np.ndarray]:
         """Per-token importance over all of ``tokens`` (see :meth:`capture_steps`)."""
-        steps = self.capture_steps(kv, tokens, policy.lookahead, t)
+        steps = yield from self.capture_steps(kv, tokens, policy.lookahead, t, slot)
         return importance(steps, len(tokens), policy.pool_kernel, policy.boost_first_n, policy.boost_first_mult,
                           policy.boost_last_n, policy.boost_last_mult, policy.score_agg)
 
-    def capture_steps(self, kv: SeqState, tokens: tuple[int, ...], lookahead: int, t: Timings) -> list[np.ndarray]:
-        """Prefill the speculator's missing tokens without capture, then capture the last
-        prompt token's row and ``lookahead`` greedy steps: [n_layer, n_head, n_keys] each."""
-        ctx, n = self.speculator_ctx, len(tokens)
+    def capture_steps(self, kv: SeqState, tokens: tuple[int, ...], lookahead: int, t: Timings,
+                      slot: int = 0) -> Turn[list[np.ndarray]]:
+        """Prefill the speculator's missing tokens without capture (a request to the step
+        loop), then capture the last prompt token's row and ``lookahead`` greedy steps:
+        [n_layer, n_head, n_keys] each.  The captured steps run inline: the capture hook
+        must see this sequence's row alone."""
+        seq, n = self.speculator_ctx.seq(slot), len(tokens)
         t0 = time.perf_counter()
-        base = self._sync_speculator(kv, tokens[:-1], t)
+        base = yield from self._sync_speculator(seq, kv, tokens[:-1], t)
         t1 = time.perf_counter()
         steps = []
         tok = tokens[-1]
         for step in range(lookahead + 1):
             pos = base + step
-            if pos >= ctx.n_ctx:
+            if pos >= seq.n_ctx:
                 break
             self.capture.start(n)
             t_step = time.perf_counter()
-            ctx.decode([tok], pos)
+            try:
+                seq.decode([tok], pos)
+            finally:
+                rows = self.capture.stop()
             self.costs.speculator_step.observe(1, pos, 1, time.perf_counter() - t_step)
-            steps.append(self.capture.stop())
-            tok = int(np.argmax(ctx.logits()))
-        ctx.remove_from(base + 1)  # lookahead tokens are not context
+            steps.append(rows)
+            tok = int(np.argmax(seq.logits()))
+        seq.remove_from(base + 1)  # lookahead tokens are not context
         kv.extend([tokens[-1]], [base])
         t.speculator_prefill_n += 1
         t2 = time.perf_counter()
@@ -180,51 +198,57 @@ class Engine:
         return steps
 
     @staticmethod
-    def _rollback(ctx: Context, kv: SeqState, n_keep: int) -> None:
+    def _rollback(seq: Seq, kv: SeqState, n_keep: int) -> None:
         """Keep the longest common prefix ``n_keep`` and cut the cache after it."""
         if n_keep < len(kv.tokens):
-            ctx.remove_from(kv.truncate(n_keep))
+            seq.remove_from(kv.truncate(n_keep))
 
-    def _sync_speculator(self, kv: SeqState, tokens: Sequence[int], t: Timings) -> int:
-        """Bring the speculator's cache to exactly ``tokens``; returns the next position.
+    def _sync_speculator(self, seq: Seq, kv: SeqState, tokens: Sequence[int], t: Timings) -> Turn[int]:
+        """Bring the speculator's sequence to exactly ``tokens``; returns the next position.
         Every such prefill also refreshes the measured speculator speed."""
-        ctx = self.speculator_ctx
-        self._rollback(ctx, kv, min(common_prefix(kv.tokens, tokens), len(tokens)))
+        self._rollback(seq, kv, min(common_prefix(kv.tokens, tokens), len(tokens)))
         delta = tokens[len(kv.tokens):]
         base = kv.next_pos
         if delta:
             t0 = time.perf_counter()
-            ctx.decode(delta, base, logits_last=False)
+            yield Tokens(seq, delta, base, logits=False)
             self.costs.speculator.observe(len(delta), base, self._calls(len(delta)), time.perf_counter() - t0)
             kv.extend(delta, range(base, base + len(delta)))
             t.speculator_prefill_n += len(delta)
         return base + len(delta)
 
     def run(self, prompt: Prompt, params: TurnParams, on_text: OnText | None = None,
-            kv: SessionKV | None = None, abort: Callable[[], bool] | None = None) -> Result:
-        """One turn.  With ``kv`` (a session whose KV is resident in both contexts) only
-        the delta against the session's tokens is prefilled; without it, a fresh context.
-        ``abort`` is polled between prefill batches (:class:`TurnCancelled` when it says so)."""
+            kv: SessionKV | None = None, abort: Callable[[], bool] | None = None, slot: int = 0) -> Result:
+        """One turn, alone (see :meth:`turn`).  ``abort`` is polled between prefill batches
+        (:class:`TurnCancelled` when it says so)."""
         self.target_ctx.abort = self.speculator_ctx.abort = abort
         try:
-            return self._run(prompt, params, on_text, kv)
+            return drive(self.turn(prompt, params, on_text, kv, slot))
         finally:
             self.target_ctx.abort = self.speculator_ctx.abort = None
 
-    def _run(self, prompt: Prompt, params: TurnParams, on_text: OnText | None, kv: SessionKV | None) -> Result:
+    def turn(self, prompt: Prompt, params: TurnParams, on_text: OnText | None = None,
+             kv: SessionKV | None = None, slot: int = 0) -> Turn[Result]:
+        """One turn in ``slot``.  With ``kv`` (the session whose KV the slot holds) only
+        the delta against the session's tokens is prefilled; without it, the slot is
+        emptied first."""
         self.check_prompt(prompt)
+        if params.decoding.mode is DecodeMode.SPECATTN and self.target_ctx.view_seq < 0:
+            raise InvalidRequest("specattn needs a unified KV cache: start the server with --kv-layout unified "
+                                 "(or --slots 1)")
         persistent = kv is not None
         if kv is None:
             kv = SessionKV()
-            self.speculator_ctx.clear()
-            self.target_ctx.clear()
+            self.speculator_ctx.seq(slot).clear()
+            self.target_ctx.seq(slot).clear()
+        target = self.target_ctx.seq(slot)
         policy = params.prefill
         t_start = time.perf_counter()
         tokens, n = prompt.tokens, len(prompt)
         # the last prompt token is always decoded again: its logits start generation
         q = min(common_prefix(kv.target.tokens, tokens), n - 1)
         p = min(common_prefix(kv.speculator.tokens, tokens), n - 1)
-        self._rollback(self.target_ctx, kv.target, q)
+        self._rollback(target, kv.target, q)
         delta = tokens[q:]
         t = Timings(position_mode=policy.position_mode, context_n=n, cache_n=q,
                     speculator_cache_n=p)
@@ -232,7 +256,7 @@ class Engine:
         t.specprefill, t.specprefill_reason = decision.status.value, decision.reason
         kept = np.arange(len(delta))
         if decision.score:
-            scores = self.score(kv.speculator, tokens, policy, t)[q:]
+            scores = (yield from self.score(kv.speculator, tokens, policy, t, slot))[q:]
             protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
             kept = select_tokens(scores, policy.selection, protected)
             t.scoring_ms = (time.perf_counter() - t_start) * 1e3
@@ -242,7 +266,7 @@ class Engine:
             if kept.size == len(delta):
                 t.specprefill, t.specprefill_reason = planner.Status.KEPT_ALL.value, "selection kept every token"
         t.prompt_n, t.kept_runs = int(kept.size), len(runs(kept))
-        gen = self.prefill_and_decode(kv, delta, kept, params, on_text, t, tokens)
+        gen = yield from self.prefill_and_decode(kv, delta, kept, params, on_text, t, tokens, slot)
         t.ttft_ms = t.scoring_ms + t.prompt_ms + gen.first_token_s * 1e3
         if persistent:
             # the speculator catches up on what it lacks (a skipped turn, the reply) only when a
@@ -253,13 +277,13 @@ class Engine:
 
     def prefill_and_decode(self, kv_all: SessionKV, delta: tuple[int, ...], kept: np.ndarray,
                            params: TurnParams, on_text: OnText | None, t: Timings,
-                           prompt: tuple[int, ...]) -> Generation:
-        ctx, kv, mode = self.target_ctx, kv_all.target, params.prefill.position_mode
+                           prompt: tuple[int, ...], slot: int = 0) -> Turn[Generation]:
+        seq, kv, mode = self.target_ctx.seq(slot), kv_all.target, params.prefill.position_mode
         # original mode keeps logical positions (bridging any gap); compact packs after the cache
         base = len(kv.tokens) if mode == "original" else kv.next_pos
         cells = kv.n_cached
         t0 = time.perf_counter()
-        n_past = sparse_prefill(ctx, delta, kept, mode, base)
+        n_past, idx = yield from sparse_prefill(seq, delta, kept, mode, base)
         t.prompt_ms = (time.perf_counter() - t0) * 1e3
         calls = self._calls(kept.size) if mode == "compact" else sum(self._calls(b - a) for a, b in runs(kept))
         self.costs.target.observe(int(kept.size), cells, calls, t.prompt_ms / 1e3)
@@ -267,35 +291,37 @@ class Engine:
         positions[kept] = np.arange(kept.size) + base if mode == "compact" else kept + base
         kv.extend(delta, positions.tolist())
         if params.decoding.mode is DecodeMode.PLAIN:
-            gen = generate(ctx, n_past, params.sampling, on_text)
+            gen = yield from generate(seq, n_past, params.sampling, on_text, idx)
         else:
-            gen = self.speculate(kv_all, prompt, params.decoding, params.sampling, on_text, t)
+            gen = yield from self.speculate(kv_all, prompt, params.decoding, params.sampling, on_text, t, slot, idx)
         kv.extend(gen.tokens[: gen.n_decoded], range(n_past, n_past + gen.n_decoded))
         t.predicted_ms = gen.decode_s * 1e3
         t.predicted_n = len(gen.tokens)
         return gen
 
     def speculate(self, kv: SessionKV, prompt: tuple[int, ...], policy: DecodingPolicy, sampling: SamplingParams,
-                  on_text: OnText | None, t: Timings) -> Generation:
+                  on_text: OnText | None, t: Timings, slot: int = 0, idx: int = -1) -> Turn[Generation]:
         """Speculative decoding from the prefilled target; the draft catches up on the
-        prompt after the first token is out (so it does not delay TTFT)."""
+        prompt after the first token is out (so it does not delay TTFT).  It decodes
+        unbatched, yielding a step to the other turns between rounds."""
         sparse = None
         if policy.mode is DecodeMode.SPECATTN:
             weights = layer_weights(np.asarray(self.layer_map.mapping), self.speculator.n_layer)
             sparse = SparseVerify(weights, policy.specattn_p)
-        decoder = SpeculativeDecoder(self.target_ctx, self.speculator_ctx, self.capture, policy.gamma, sparse)
+        draft = self.speculator_ctx.seq(slot)
+        decoder = SpeculativeDecoder(self.target_ctx.seq(slot), draft, self.capture, policy.gamma, sparse)
 
         def draft_ready() -> tuple[list[int], int]:
             t0 = time.perf_counter()
             if kv.speculator.tokens != list(prompt):
-                base = self._sync_speculator(kv.speculator, prompt[:-1], t)
+                base = drive(self._sync_speculator(draft, kv.speculator, prompt[:-1], t))
                 pending, pos = [prompt[-1]], base
             else:
                 pending, pos = [], kv.speculator.next_pos
             t.draft_sync_ms = (time.perf_counter() - t0) * 1e3
             return pending, pos
 
-        out = decoder.generate(kv.target.kv_pos, draft_ready, sampling, on_text)
+        out = yield from decoder.generate(kv.target.kv_pos, draft_ready, sampling, on_text, idx)
         kv.speculator.extend(out.draft_committed, range(out.draft_pos, out.draft_pos + len(out.draft_committed)))
         t.decode_mode, t.speculative = policy.mode.value, out.stats
         return out.gen

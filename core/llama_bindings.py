@@ -251,31 +251,40 @@ class QKCapture:
         self._last[layer] = data
 
 
-VIEW_SEQ = 1  # the sparse-attention view of sequence 0 (SpecAttn verification)
+VIEW_SEQ = 1  # the view's sequence id in a one-slot context with views
 
 
 class Context:
-    """One llama.cpp context holding one sequence (seq 0) and its own batch.
+    """One llama.cpp context: ``n_seq`` sequences (slots), each up to ``n_ctx`` tokens.
 
-    With ``views=True`` the KV cache is unified over two sequence ids, so that
-    seq 1 can be a per-step *view* of seq 0: ``make_view`` tags the selected
-    cells with seq 1 as well (``seq_cp``, no data is copied), a batch decoded
-    with ``seqs=(VIEW_SEQ,)`` attends only to the view (a batch with ids
-    ``(VIEW_SEQ, 0)`` was measured to attend to all of seq 0, exactly as dense),
-    ``commit_view`` adds chosen new cells to seq 0, and ``drop_view`` removes
-    the tag, freeing the cells only the view held.  Seq 0 never loses a cell.
+    The engine works on one sequence through a :class:`Seq` handle (``ctx.seq(i)``);
+    a step loop batches several sequences' tokens with :meth:`decode_rows`.
+
+    Layout: with ``unified=False`` llama.cpp gives every sequence its own KV stream
+    (``kv_unified=false``), so a sequence's attention reads only its own cells; a
+    unified cache shares one pool of ``n_seq * n_ctx`` cells, and every token's
+    attention spans all cells in use.
+
+    With ``views=True`` (unified only) one more sequence id, ``view_seq``, serves as a
+    per-step *view* of a slot: ``make_view`` tags the selected cells with it as well
+    (``seq_cp``, no data is copied), a batch decoded through the view attends only to
+    it, ``commit_view`` adds chosen new cells to the slot, and ``drop_view`` removes the
+    tag, freeing the cells only the view held.  A slot never loses a cell to its view.
     """
 
     def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int,
                  flash_attn: bool, capture: AttentionCapture | None = None, views: bool = False,
-                 probe: QKCapture | None = None) -> None:
+                 probe: QKCapture | None = None, n_seq: int = 1, unified: bool | None = None) -> None:
         self.model = model
+        unified = (views or n_seq == 1) if unified is None else unified
+        if views and not unified:
+            raise EngineError("sequence views need a unified KV cache")
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
+        params.n_seq_max = n_seq + (1 if views else 0)
+        params.n_ctx = n_ctx * n_seq if unified else n_ctx * params.n_seq_max
         params.n_batch = n_batch
         params.n_ubatch = n_ubatch
-        params.n_seq_max = 2 if views else 1
-        params.kv_unified = views
+        params.kv_unified = unified
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
@@ -291,8 +300,12 @@ class Context:
             params.cb_eval_user_data = None
         self._ptr = llama_cpp.llama_init_from_model(model._ptr, params)
         if not self._ptr:
-            raise EngineError(f"llama.cpp could not create a context (n_ctx={n_ctx})")
-        self.n_ctx = llama_cpp.llama_n_ctx(self._ptr)
+            raise EngineError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq={n_seq})")
+        # per sequence: a unified pool lets one sequence grow to the whole pool, but a slot is
+        # promised n_ctx; split streams are padded by llama.cpp to a multiple of 256
+        self.n_ctx = n_ctx if unified else int(llama_cpp.llama_n_ctx_seq(self._ptr))
+        self.n_seq, self.unified = n_seq, unified
+        self.view_seq = n_seq if views else -1
         self.n_batch = n_batch
         self._mem = llama_cpp.llama_get_memory(self._ptr)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 2)
@@ -304,67 +317,44 @@ class Context:
             llama_cpp.llama_free(self._ptr)
             self._ptr = None
 
+    def seq(self, i: int = 0) -> Seq:
+        if not 0 <= i < self.n_seq:
+            raise EngineError(f"sequence {i} out of range: this context holds {self.n_seq}")
+        return Seq(self, i)
+
     # -- memory -------------------------------------------------------------
     def clear(self) -> None:
+        """Empty every sequence."""
         llama_cpp.llama_memory_clear(self._mem, True)
 
-    def pos_max(self, seq: int = 0) -> int:
-        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq))
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The last position any cell of ``seq_id`` holds (-1: none); also for the view."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
 
-    def make_view(self, spans: Sequence[tuple[int, int]]) -> None:
-        """Tag the cells at positions [p0, p1) of each span with the view sequence.
-        A batch decoded through the view must start right after its last cell."""
-        self.drop_view()
-        for p0, p1 in spans:
-            llama_cpp.llama_memory_seq_cp(self._mem, 0, VIEW_SEQ, p0, p1)
-
-    def commit_view(self, p0: int, p1: int) -> None:
-        """Make the view's cells at positions [p0, p1) part of seq 0 too."""
-        llama_cpp.llama_memory_seq_cp(self._mem, VIEW_SEQ, 0, p0, p1)
-
-    def drop_view(self) -> None:
-        llama_cpp.llama_memory_seq_rm(self._mem, VIEW_SEQ, -1, -1)
-
-    def remove_from(self, pos: int) -> None:
-        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, pos, -1):
-            raise EngineError(f"could not remove KV cells from position {pos}")
-
-    def shift(self, p0: int, p1: int, delta: int) -> None:
-        llama_cpp.llama_memory_seq_add(self._mem, 0, p0, p1, delta)
-
-    def save_seq(self) -> bytes:
-        """Serialize sequence 0's KV cells (llama_state_seq_get_data)."""
-        size = llama_cpp.llama_state_seq_get_size(self._ptr, 0)
-        buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(self._ptr, buf, size, 0)
-        return ctypes.string_at(buf, n)
-
-    def load_seq(self, blob: bytes) -> None:
-        """Replace the cache with a sequence saved by :meth:`save_seq`."""
-        self.clear()
-        if not blob:
-            return
-        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        if llama_cpp.llama_state_seq_set_data(self._ptr, buf, len(blob), 0) == 0:
-            self.clear()
-            raise EngineError("could not restore a saved KV sequence")
+    def copy_seq(self, src: int, dst: int) -> None:
+        """Make ``dst`` hold exactly ``src``'s cells (between split streams: a buffer copy)."""
+        llama_cpp.llama_memory_seq_rm(self._mem, dst, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
 
     # -- decoding -----------------------------------------------------------
     def decode(self, tokens: Sequence[int], start_pos: int, logits_last: bool = True,
-               logits_all: bool = False, seqs: tuple[int, ...] = (0,)) -> None:
+               logits_all: bool = False, seqs: tuple[int, ...] = (0,),
+               abort: Callable[[], bool] | None = None) -> None:
         """Decode ``tokens`` at positions start_pos.. in batches of n_batch.
 
         ``logits_all`` keeps every token's logits (one batch at most, read with
         :meth:`logits_at`).  ``seqs[0]`` picks the cells attended; every id in
-        ``seqs`` holds the new cells."""
+        ``seqs`` holds the new cells.  ``abort`` (else the context's) is polled between
+        batches."""
         n = len(tokens)
         if start_pos + n > self.n_ctx:
             raise PromptTooLong(start_pos + n, self.n_ctx, "sequence")
         if logits_all and n > self.n_batch:
             raise EngineError(f"logits for {n} tokens exceed one batch of {self.n_batch}")
+        abort = abort or self.abort
         batch = self._batch
         for off in range(0, n, self.n_batch):
-            if self.abort is not None and self.abort():
+            if abort is not None and abort():
                 raise TurnCancelled("the turn was cancelled during prefill")
             part = tokens[off: off + self.n_batch]
             batch.n_tokens = len(part)
@@ -378,9 +368,33 @@ class Context:
             last = off + len(part) == n
             if last and logits_last:
                 batch.logits[len(part) - 1] = 1
-            rc = llama_cpp.llama_decode(self._ptr, batch)
-            if rc != 0:
-                raise EngineError(f"llama_decode returned {rc} at positions {start_pos + off}..")
+            self._run(batch, start_pos + off)
+
+    def decode_rows(self, rows: Sequence[tuple[int, Sequence[int], int, bool]]) -> list[int]:
+        """One batch of several sequences' tokens: rows of (seq, tokens, start_pos, logits of
+        the last).  Returns each row's last batch index, for :meth:`logits_at` or sampling.
+        Rows go in ascending sequence order: llama.cpp puts consecutive sequence ids of
+        split streams into one ubatch."""
+        batch, i, last = self._batch, 0, []
+        for seq, tokens, start_pos, want in rows:
+            if start_pos + len(tokens) > self.n_ctx:
+                raise PromptTooLong(start_pos + len(tokens), self.n_ctx, "sequence")
+            for k, tok in enumerate(tokens):
+                if i >= self.n_batch:
+                    raise EngineError(f"a step of more than {self.n_batch} tokens")
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, start_pos + k, 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = want and k == len(tokens) - 1
+                i += 1
+            last.append(i - 1)
+        batch.n_tokens = i
+        self._run(batch, rows[0][2] if rows else 0)
+        return last
+
+    def _run(self, batch: llama_cpp.llama_batch, pos: int) -> None:
+        rc = llama_cpp.llama_decode(self._ptr, batch)
+        if rc != 0:
+            raise EngineError(f"llama_decode returned {rc} at positions {pos}..")
 
     def logits(self) -> np.ndarray:
         """Logits of the last token that requested them (a copy)."""
@@ -396,3 +410,87 @@ class Context:
     @property
     def ptr(self) -> llama_cpp.llama_context_p:
         return self._ptr
+
+
+class Seq:
+    """One sequence (slot) of a :class:`Context`: every call the engine makes for one
+    session's KV.  A handle only; the context owns the memory."""
+
+    __slots__ = ("ctx", "id", "abort")
+
+    def __init__(self, ctx: Context, seq_id: int) -> None:
+        self.ctx, self.id = ctx, seq_id
+        self.abort: Callable[[], bool] | None = None
+
+    @property
+    def model(self) -> Model:
+        return self.ctx.model
+
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    @property
+    def ptr(self) -> llama_cpp.llama_context_p:
+        return self.ctx.ptr
+
+    @property
+    def _mem(self) -> llama_cpp.llama_memory_t:
+        return self.ctx._mem
+
+    def decode(self, tokens: Sequence[int], start_pos: int, logits_last: bool = True,
+               logits_all: bool = False, through_view: bool = False) -> None:
+        seqs = (self.ctx.view_seq,) if through_view else (self.id,)
+        self.ctx.decode(tokens, start_pos, logits_last, logits_all, seqs, self.abort)
+
+    def logits(self) -> np.ndarray:
+        return self.ctx.logits()
+
+    def logits_at(self, i: int) -> np.ndarray:
+        return self.ctx.logits_at(i)
+
+    def pos_max(self) -> int:
+        return self.ctx.seq_pos_max(self.id)
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_seq_rm(self._mem, self.id, -1, -1)
+
+    def remove_from(self, pos: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._mem, self.id, pos, -1):
+            raise EngineError(f"could not remove KV cells from position {pos}")
+
+    def shift(self, p0: int, p1: int, delta: int) -> None:
+        llama_cpp.llama_memory_seq_add(self._mem, self.id, p0, p1, delta)
+
+    def make_view(self, spans: Sequence[tuple[int, int]]) -> None:
+        """Tag the cells at positions [p0, p1) of each span with the view sequence.
+        A batch decoded through the view must start right after its last cell."""
+        if self.ctx.view_seq < 0:
+            raise EngineError("this context has no view sequence (SpecAttn needs a unified cache)")
+        self.drop_view()
+        for p0, p1 in spans:
+            llama_cpp.llama_memory_seq_cp(self._mem, self.id, self.ctx.view_seq, p0, p1)
+
+    def commit_view(self, p0: int, p1: int) -> None:
+        """Make the view's cells at positions [p0, p1) part of this sequence too."""
+        llama_cpp.llama_memory_seq_cp(self._mem, self.ctx.view_seq, self.id, p0, p1)
+
+    def drop_view(self) -> None:
+        llama_cpp.llama_memory_seq_rm(self._mem, self.ctx.view_seq, -1, -1)
+
+    def save(self) -> bytes:
+        """Serialize this sequence's KV cells (llama_state_seq_get_data)."""
+        size = llama_cpp.llama_state_seq_get_size(self.ptr, self.id)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, self.id)
+        return ctypes.string_at(buf, n)
+
+    def load(self, blob: bytes) -> None:
+        """Replace this sequence's cells with ones saved by :meth:`save` (b"": empty it)."""
+        self.clear()
+        if not blob:
+            return
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(blob), self.id) == 0:
+            self.clear()
+            raise EngineError("could not restore a saved KV sequence")

@@ -19,31 +19,30 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from core.llama_bindings import Context
+from core.llama_bindings import Seq
 from core.selection import runs
+from core.steps import Tokens, Turn
 
 
-def dense_prefill(ctx: Context, tokens: Sequence[int], base_pos: int) -> int:
-    """Returns the position of the next token."""
-    ctx.decode(tokens, base_pos)
-    return base_pos + len(tokens)
-
-
-def sparse_prefill(ctx: Context, tokens: Sequence[int], kept: np.ndarray, mode: str,
-                   base_pos: int) -> int:
+def sparse_prefill(seq: Seq, tokens: Sequence[int], kept: np.ndarray, mode: str,
+                   base_pos: int) -> Turn[tuple[int, int]]:
     """Prefill ``tokens[kept]``; ``base_pos`` is the position of ``tokens[0]`` and
-    the cache must end at ``base_pos - 1`` (or be empty).  Returns the next position."""
+    the sequence must end at ``base_pos - 1`` (or be empty).  Each run is one request
+    (core.steps), the last one keeping its logits.  Returns the next position and the
+    batch index of those logits."""
     if mode == "compact":
-        return dense_prefill(ctx, [tokens[i] for i in kept], base_pos)
+        idx = yield Tokens(seq, [tokens[i] for i in kept], base_pos)
+        return base_pos + len(kept), -1 if idx is None else idx
     spans = runs(kept)
-    last = ctx.pos_max()  # -1 when the cache is empty: the first run may start anywhere
+    last = seq.pos_max()  # -1 when the sequence is empty: the first run may start anywhere
+    idx: int | None = -1
     for r, (start, end) in enumerate(spans):
         p0 = base_pos + start
         gap = p0 - 1 - last if last >= 0 else 0
         if gap:
-            ctx.shift(last, last + 1, gap)
-        ctx.decode(tokens[start:end], p0, logits_last=r == len(spans) - 1)
+            seq.shift(last, last + 1, gap)
+        idx = yield Tokens(seq, tokens[start:end], p0, logits=r == len(spans) - 1)
         if gap:
-            ctx.shift(p0 - 1, p0, -gap)
+            seq.shift(p0 - 1, p0, -gap)
         last = base_pos + end - 1
-    return last + 1
+    return last + 1, -1 if idx is None else idx

@@ -24,9 +24,10 @@ import numpy as np
 from core.acceptance import accept_greedy, accept_stochastic, distribution, sample
 from core.config import SamplingParams
 from core.decode import Generation, OnText, TextStream
-from core.llama_bindings import VIEW_SEQ, AttentionCapture, Context
+from core.llama_bindings import AttentionCapture, Seq
 from core.results import SpeculativeStats
 from core.specattn import SparseVerify, view_spans
+from core.steps import Turn
 
 DraftReady = Callable[[], tuple[list[int], int]]
 
@@ -49,22 +50,23 @@ class _Round:
 class SpeculativeDecoder:
     """Draft with ``draft``, verify with ``target``; one reply at a time."""
 
-    def __init__(self, target: Context, draft: Context, capture: AttentionCapture | None,
+    def __init__(self, target: Seq, draft: Seq, capture: AttentionCapture | None,
                  gamma: int, sparse: SparseVerify | None = None) -> None:
         self.target, self.draft, self.capture = target, draft, capture
         self.gamma, self.sparse = gamma, sparse
 
     def generate(self, positions: list[int], draft_ready: DraftReady, params: SamplingParams,
-                 on_text: OnText | None = None) -> SpeculativeGeneration:
+                 on_text: OnText | None = None, idx: int = -1) -> Turn[SpeculativeGeneration]:
         """Continue from the target logits in place (the prompt's last token is decoded).
         ``draft_ready`` brings the draft up to the prompt once the first token is out and
-        returns (the prompt tail it has not decoded, the position that tail goes to)."""
+        returns (the prompt tail it has not decoded, the position that tail goes to).
+        ``idx``: the batch index of the prompt's last logits."""
         stream = TextStream(self.target.model, params, on_text)
         stats, rng = SpeculativeStats(), np.random.default_rng(params.seed)
         positions = list(positions)
         start_pos = tpos = max(positions) + 1
         t0 = time.perf_counter()
-        tok = self._pick(self.target.logits(), params, rng)
+        tok = self._pick(self.target.logits_at(idx), params, rng)
         first_s = time.perf_counter() - t0
         n_in_target = 0
         go = stream.push(tok)
@@ -73,6 +75,7 @@ class SpeculativeDecoder:
         t0 += time.perf_counter() - t_sync  # decode time excludes the draft's catch-up (reported apart)
         dpos, pending0 = draft_pos, list(pending)
         while go:
+            yield None  # a round is one step of the loop: other turns run between rounds
             room = min(self.target.n_ctx - tpos, self.draft.n_ctx - dpos - len(pending)) - 1
             if room < 0:
                 break
@@ -142,7 +145,7 @@ class SpeculativeDecoder:
             spans, n_view = view_spans(self.sparse, rnd.steps, positions, tpos)
             self.target.make_view(spans)
             try:
-                self.target.decode(batch, tpos, logits_all=True, seqs=(VIEW_SEQ,))
+                self.target.decode(batch, tpos, logits_all=True, through_view=True)
                 k, nxt = self._accept(len(batch), rnd, params, rng)
                 self.target.commit_view(tpos, tpos + 1 + k)
             finally:

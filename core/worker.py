@@ -1,23 +1,31 @@
 """The model worker: the one thread that touches the engine (and so llama.cpp).
 
-The event loop hands it whole jobs, as llama.cpp's server hands tasks to its
-slots through a queue; HTTP code never holds a context.
+The event loop hands it work through a queue, as llama.cpp's server hands
+tasks to its slots: a *turn* (a generator, see core.steps) joins the step loop
+(core.step_loop) and is batched with the other turns; a *call* (parking a
+session's KV, a delete, a lookup) runs whole between two steps.  HTTP code
+never holds a context.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import enum
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from core.config import EngineConfig
 from core.engine import Engine
 from core.errors import EngineError
+from core.step_loop import Job, StepLoop, StepStats
+from core.steps import Turn
 
 T = TypeVar("T")
+_STOP = object()
 
 
 class ModelState(enum.StrEnum):
@@ -33,28 +41,110 @@ class ModelWorker:
         self.state = ModelState.LOADING
         self.error: str | None = None
         self._engine: Engine | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specgate-model")
+        self._loop = StepLoop(config.step_tokens)
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def stats(self) -> StepStats:
+        return self._loop.stats
+
+    @property
+    def active_turns(self) -> int:
+        return len(self._loop.jobs)
 
     async def start(self) -> None:
+        ready: concurrent.futures.Future[Engine] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._main, args=(ready,), name="specgate-model", daemon=True)
+        self._thread.start()
         try:
-            self._engine = await asyncio.get_running_loop().run_in_executor(self._pool, Engine, self.config)
+            self._engine = await asyncio.wrap_future(ready)
         except Exception as exc:
             self.state, self.error = ModelState.FAILED, str(exc)
             raise
         self.state = ModelState.READY
 
     async def call(self, fn: Callable[[Engine], T]) -> T:
-        """Run ``fn(engine)`` on the model thread, in a copy of the caller's context (so its
-        log lines keep the request and session ids)."""
-        engine = self._engine
-        if engine is None:
+        """Run ``fn(engine)`` on the model thread between two steps, in a copy of the
+        caller's context (so its log lines keep the request and session ids)."""
+        self._check()
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._inbox.put((fut, contextvars.copy_context(), fn, None, None))
+        return await asyncio.wrap_future(fut)
+
+    async def turn(self, start: Callable[[Engine], Turn[T]], abort: Callable[[], bool] | None = None) -> T:
+        """Run the turn ``start(engine)`` returns in the step loop; ``abort`` is polled
+        before each of its prefill chunks."""
+        self._check()
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._inbox.put((fut, contextvars.copy_context(), start, abort, True))
+        return await asyncio.wrap_future(fut)
+
+    def _check(self) -> None:
+        if self._engine is None:
             raise EngineError(f"the models are {self.state.value}: {self.error or 'not started'}")
-        ctx = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(self._pool, ctx.run, fn, engine)
 
     async def close(self) -> None:
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            await asyncio.get_running_loop().run_in_executor(self._pool, engine.close)
-        self._pool.shutdown(wait=True)
+        thread, engine, self._engine = self._thread, self._engine, None
+        if thread is not None:
+            self._inbox.put(_STOP)
+            await asyncio.get_running_loop().run_in_executor(None, thread.join)
         self.state = ModelState.CLOSED
+        del engine
+
+    # -- the model thread -------------------------------------------------------
+    def _main(self, ready: concurrent.futures.Future[Engine]) -> None:
+        try:
+            engine = Engine(self.config)
+        except BaseException as exc:  # noqa: BLE001 -- reported to start()
+            ready.set_exception(exc)
+            return
+        ready.set_result(engine)
+        try:
+            while self._take(engine, block=not self._loop.busy):
+                if self._loop.busy:
+                    self._loop.step()
+        finally:
+            self._loop.cancel_all("the server is shutting down")
+            engine.close()
+
+    def _take(self, engine: Engine, block: bool) -> bool:
+        """Run the queued calls and admit the queued turns; False on stop."""
+        while True:
+            try:
+                item = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if item is _STOP:
+                return False
+            fut, ctx, fn, abort, is_turn = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                value = ctx.run(fn, engine)
+            except BaseException as exc:  # noqa: BLE001 -- delivered to the caller
+                fut.set_exception(exc)
+                continue
+            if is_turn:
+                self._loop.add(Job(_in_context(ctx, value), fut, abort))
+            else:
+                fut.set_result(value)
+
+
+def _in_context(ctx: contextvars.Context, turn: Turn[T]) -> Turn[T]:
+    """``turn``, each resumption run inside ``ctx`` (the request's log context)."""
+    resume: Callable[[Any], Any] = turn.send
+    value: Any = None
+    while True:
+        try:
+            request = ctx.run(resume, value)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            value, resume = (yield request), turn.send
+        except GeneratorExit:
+            turn.close()
+            raise
+        except BaseException as exc:  # noqa: BLE001 -- thrown in by the loop: pass it on
+            value, resume = exc, turn.throw

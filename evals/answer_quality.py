@@ -26,6 +26,7 @@ from core.results import Timings
 from core.scoring import importance
 from core.selection import select_tokens
 from core.session_kv import SeqState, SessionKV
+from core.steps import drive
 from evals import tasks as eval_tasks
 from gateway.tool_calls import for_template
 
@@ -91,14 +92,14 @@ def kept_for(steps: list[np.ndarray], n: int, s: Setting, policy: PrefillPolicy,
 def capture(engine: Engine, tokens: tuple[int, ...]) -> tuple[list[np.ndarray], float]:
     engine.speculator_ctx.clear()
     t0 = time.perf_counter()
-    steps = engine.capture_steps(SeqState(), tokens, 8, Timings())
+    steps = drive(engine.capture_steps(SeqState(), tokens, 8, Timings()))
     return steps, time.perf_counter() - t0
 
 
 def answer(engine: Engine, tokens: tuple[int, ...], kept: np.ndarray, mode: str) -> str:
     engine.target_ctx.clear()
     params = TurnParams(prefill=PrefillPolicy(position_mode=mode), sampling=ANSWER)
-    gen = engine.prefill_and_decode(SessionKV(), tokens, kept, params, None, Timings(), tokens)
+    gen = drive(engine.prefill_and_decode(SessionKV(), tokens, kept, params, None, Timings(), tokens))
     return gen.text
 
 

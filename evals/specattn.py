@@ -94,12 +94,12 @@ def page_bounds(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def view_nll(ctx: Context, token: int, nxt: int, pos: int, mask: np.ndarray) -> float:
-    ctx.make_view(runs(np.flatnonzero(mask)))
+    ctx.seq().make_view(runs(np.flatnonzero(mask)))
     try:
         ctx.decode([token], pos, seqs=(VIEW_SEQ,))
         logits = ctx.logits().astype(np.float64)
     finally:
-        ctx.drop_view()
+        ctx.seq().drop_view()
     top = logits.max()
     return float(top + math.log(np.exp(logits - top).sum()) - logits[nxt])
 
@@ -151,11 +151,11 @@ class PerplexityRun:
     def query(self, i: int) -> np.ndarray:
         """The target's own query of token i (post-RoPE), from a throwaway dense probe."""
         self.qk.start_query()
-        self.target.make_view([(0, i)])
+        self.target.seq().make_view([(0, i)])
         try:
             self.target.decode([self.tokens[i]], i, seqs=(VIEW_SEQ,))
         finally:
-            self.target.drop_view()
+            self.target.seq().drop_view()
         return self.qk.stop_query()
 
 

@@ -68,10 +68,10 @@ def step_costs(engine: Engine, kv: SessionKV, gamma: int) -> dict[str, float]:
 
     def target(n: int, spans: list[tuple[int, int]] | None = None) -> None:
         if spans is not None:
-            tctx.make_view(spans)
+            tctx.seq().make_view(spans)
         tctx.decode([tok] * n, nt, logits_all=True, seqs=(VIEW_SEQ,) if spans is not None else (0,))
-        tctx.drop_view()
-        tctx.remove_from(nt)
+        tctx.seq().drop_view()
+        tctx.seq().remove_from(nt)
 
     def draft(with_capture: bool) -> None:
         if with_capture:
@@ -79,7 +79,7 @@ def step_costs(engine: Engine, kv: SessionKV, gamma: int) -> dict[str, float]:
         dctx.decode([tok], nd)
         if with_capture:
             capture.stop()
-        dctx.remove_from(nd)
+        dctx.seq().remove_from(nd)
 
     out = {"target_step": _best_ms(lambda: target(1)), "draft_step": _best_ms(lambda: draft(False)),
            "draft_step_capture": _best_ms(lambda: draft(True)), "verify_dense": _best_ms(lambda: target(gamma + 1))}

@@ -112,7 +112,7 @@ def model_fingerprint(config: ServeConfig) -> bytes:
 async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[keys.CONFIG]
     cfg = config.gateway
-    scheduler = FairScheduler(cfg.max_queue)
+    scheduler = FairScheduler(cfg.max_queue, config.engine.slots)
     parked = ParkedKV(cfg.kv_budget_mb << 20, cfg.kv_spill_dir or None, model_fingerprint(config),
                       cfg.kv_spill_max_mb << 20)
     manager = SessionManager(app[keys.WORKER], app[keys.STORE], parked, scheduler, app[keys.WRITER],
@@ -124,8 +124,12 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
     live.gauges.update({
         "specgate_live_sessions": ("Sessions held in this process.", lambda: manager.live),
         "specgate_running_turns": ("Turns running or queued.", lambda: len(runner.turns)),
-        "specgate_queue_depth": ("Jobs queued for the model thread, plus the running one.",
+        "specgate_queue_depth": ("Turns queued for the model thread, plus the running ones.",
                                  lambda: scheduler.depth),
+        "specgate_slots_busy": ("Model slots running a turn.", lambda: manager.slots.busy),
+        "specgate_slots_resident": ("Model slots holding a session's KV.", lambda: manager.slots.resident),
+        "specgate_step_last_batch_rows": ("Decoding turns in the last batch of the step loop.",
+                                          lambda: app[keys.WORKER].stats.last_rows),
         "specgate_kv_bytes_ram": ("Parked session KV held in RAM.", lambda: parked.bytes_in_ram),
         "specgate_kv_bytes_disk": ("Parked session KV spilled to disk.", lambda: parked.bytes_on_disk),
         "specgate_store_pending_writes": ("Session records waiting for the store.", lambda: writer.pending),
@@ -133,6 +137,14 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
     })
     live.counters.update({
         "specgate_kv_evictions": ("Parked KV evicted from RAM.", lambda: parked.evictions),
+        "specgate_steps": ("Steps of the model thread's loop.", lambda: app[keys.WORKER].stats.steps),
+        "specgate_step_batches": ("Batches decoded by the step loop.", lambda: app[keys.WORKER].stats.batches),
+        "specgate_step_batch_rows": ("Decoding turns' tokens over all batches (divide by batches: mean batch).",
+                                     lambda: app[keys.WORKER].stats.batch_rows),
+        "specgate_step_batch_tokens": ("Tokens over all batches (divide by batches: tokens per batch).",
+                                       lambda: app[keys.WORKER].stats.batch_tokens),
+        "specgate_step_chunk_stalls": ("Batches in which decoding turns shared the step with a prefill chunk.",
+                                       lambda: app[keys.WORKER].stats.chunk_stalls),
         "specgate_spill_writes": ("KV spill files written.", lambda: parked.spill_writes),
         "specgate_spill_failures": ("KV spill writes that failed (the session rebuilds).",
                                     lambda: parked.spill_failures),

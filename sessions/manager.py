@@ -2,11 +2,13 @@
 
 Sessions are namespaced by owner (the API key that created them): a session
 is found by ``(owner, id)``, so another key's session looks exactly like an
-unknown one.  Both models' contexts hold one session's KV at a time (the
-resident one).  Switching sessions saves the resident's KV into
-:class:`ParkedKV` (RAM under a budget, LRU, optional disk spill) and restores
-the incoming one; a session whose KV was dropped rebuilds it from its tokens
-on its next turn.  Each session's record -- metadata and full history -- goes
+unknown one.  Both models' contexts hold up to ``slots`` sessions' KV at
+once (:class:`SlotTable`), and their turns run together in the step loop.  A
+turn for a session that is not resident takes a free slot or the least
+recently used idle one, whose KV is saved into :class:`ParkedKV` (RAM under a
+budget, LRU, optional disk spill); a session whose KV was dropped rebuilds it
+from its tokens on its next turn.  The slot table and the parked KV change
+only on the model thread, inside the turns.  Each session's record -- metadata and full history -- goes
 to the store (Redis) through the :class:`StoreWriter`, off the reply path.
 
 One turn per session at a time: a second concurrent turn gets 409.  Delete
@@ -40,12 +42,14 @@ from core.errors import (
 )
 from core.prompt import Prompt
 from core.session_kv import SessionKV
+from core.steps import Turn
 from core.worker import ModelWorker
 from sessions.ids import check_id, session_key
 from sessions.metadata import MetadataStore
 from sessions.parked_kv import ParkedKV
 from sessions.registry import LocalRegistry, Registry
 from sessions.scheduler import FairScheduler
+from sessions.slots import Seat, SlotTable
 from sessions.store_writer import StoreWriter
 
 log = structlog.get_logger("specgate.sessions")
@@ -142,7 +146,7 @@ class SessionManager:
         self.ttl_s = ttl_s
         self.registry: Registry = registry or LocalRegistry()
         self._sessions: dict[str, Session] = {}
-        self._resident: Session | None = None  # model thread only
+        self.slots = SlotTable(worker.config.slots)  # model thread only
 
     @property
     def live(self) -> int:
@@ -245,7 +249,7 @@ class SessionManager:
             if local.cancel is not None:
                 local.cancel.set()
         self.writer.delete(key)
-        self.parked.discard(key)  # the model thread re-checks DELETED after parking (see _park_resident)
+        self.parked.discard(key)  # the model thread re-checks DELETED after parking (see _park)
         log.info("session_deleted", session_id=session_id)
 
     def mirror(self, session: Session) -> None:
@@ -266,7 +270,7 @@ class SessionManager:
         return len(stale)
 
     def location(self, session: Session) -> str:
-        if session is self._resident:
+        if self.slots.find(session) is not None:
             return KVLocation.RESIDENT.value
         where = self.parked.where(session.key)
         if where != "none":
@@ -291,10 +295,10 @@ class SessionManager:
                        on_text: OnText | None, key: str, cancel: threading.Event) -> TurnOutcome:
         """``session`` must have been :meth:`claim`-ed; ``cancel`` stops prefill between batches."""
         if session is None:
-            return await self.scheduler.submit(key, lambda: self.worker.call(
-                lambda engine: self._stateless(engine, render, params, on_text, cancel)))
-        outcome: TurnOutcome = await self.scheduler.submit(session.key, lambda: self.worker.call(
-            lambda engine: self._session_turn(engine, session, render, params, on_text, cancel)))
+            return await self.scheduler.submit(key, lambda: self.worker.turn(
+                lambda engine: self._stateless(engine, render, params, on_text, cancel), cancel.is_set))
+        outcome: TurnOutcome = await self.scheduler.submit(session.key, lambda: self.worker.turn(
+            lambda engine: self._session_turn(engine, session, render, params, on_text, cancel), cancel.is_set))
         self._record(session, outcome)
         return outcome
 
@@ -313,52 +317,60 @@ class SessionManager:
                 victim.kv_location = KVLocation.DISK if self.parked.where(key) == "disk" else KVLocation.EVICTED
 
     # -- model thread ------------------------------------------------------------
-    def _park_resident(self, engine: Engine) -> list[str]:
-        """Save the resident session's KV (model thread only)."""
-        resident, self._resident = self._resident, None
-        if resident is None or resident.state is SessionState.DELETED:
-            return []
-        evicted = self.parked.put(resident.key, engine.save_kv())
-        if resident.state is SessionState.DELETED:  # deleted while its KV was being saved
-            self.parked.discard(resident.key)
+    def _park(self, engine: Engine, seat: Seat) -> list[str]:
+        """Save the KV of the idle session ``seat`` displaced (model thread only); returns
+        the keys whose parked KV was evicted to make room."""
+        victim = seat.displaced
+        if not isinstance(victim, Session) or victim.state is SessionState.DELETED \
+                or self._sessions.get(victim.key) is not victim:
+            return []  # deleted, expired or moved away: nothing to keep
+        evicted = self.parked.put(victim.key, engine.save_kv(seat.slot))
+        if victim.state is SessionState.DELETED:  # deleted while its KV was being saved
+            self.parked.discard(victim.key)
         for key in evicted:
             log.info("session_kv_evicted", session_key=key, spilled=self.parked.where(key) == "disk")
         return evicted
 
     def _stateless(self, engine: Engine, render: Render, params: TurnParams,
-                   on_text: OnText | None, cancel: threading.Event) -> TurnOutcome:
+                   on_text: OnText | None, cancel: threading.Event) -> Turn[TurnOutcome]:
         if cancel.is_set():
             raise TurnCancelled("the client left before the turn started")
         prompt = render(engine)
-        engine.check_prompt(prompt)  # before the resident session's KV is disturbed
-        evicted = self._park_resident(engine)
-        return TurnOutcome(engine.run(prompt, params, on_text, abort=cancel.is_set), evicted)
+        engine.check_prompt(prompt)  # before another session's KV is disturbed
+        seat = self.slots.seat(object())
+        evicted = self._park(engine, seat)
+        try:
+            result = yield from engine.turn(prompt, params, on_text, slot=seat.slot)
+        finally:
+            self.slots.release(seat.slot, keep=False)
+        return TurnOutcome(result, evicted)
 
     def _session_turn(self, engine: Engine, session: Session, render: Render, params: TurnParams,
-                      on_text: OnText | None, cancel: threading.Event) -> TurnOutcome:
+                      on_text: OnText | None, cancel: threading.Event) -> Turn[TurnOutcome]:
         if cancel.is_set():
             raise TurnCancelled("the turn was cancelled before it started")
         prompt = render(engine)
         engine.check_prompt(prompt)  # a bad prompt must not cost the session its cache
-        evicted: list[str] = []
+        seat = self.slots.seat(session)
+        evicted = self._park(engine, seat)
         rebuilt = False
-        if self._resident is not session:
-            evicted = self._park_resident(engine)
-            blobs = self.parked.take(session.key)
-            if blobs is None and session.turns:
-                # dropped under the budget, failed its checks, or hydrated from the store: rebuild
-                session.kv.reset()
-                session.rebuilds += 1
-                rebuilt = True
-                log.info("session_kv_rebuild", session_id=session.id)
-            engine.load_kv(blobs)
-            self._resident = session
         try:
-            result = engine.run(prompt, params, on_text, kv=session.kv, abort=cancel.is_set)
-        except Exception:
+            if seat.fresh:
+                blobs = self.parked.take(session.key)
+                if blobs is None and session.turns:
+                    # dropped under the budget, failed its checks, or hydrated from the store: rebuild
+                    session.kv.reset()
+                    session.rebuilds += 1
+                    rebuilt = True
+                    log.info("session_kv_rebuild", session_id=session.id)
+                engine.load_kv(blobs, seat.slot)
+            result = yield from engine.turn(prompt, params, on_text, kv=session.kv, slot=seat.slot)
+        except BaseException:
             # never leave bookkeeping that disagrees with the caches: the next turn rebuilds
             session.kv.reset()
-            engine.load_kv(None)
+            engine.load_kv(None, seat.slot)
             raise
+        finally:
+            self.slots.release(seat.slot)
         result.timings.kv_rebuilt = rebuilt
         return TurnOutcome(result, evicted)

@@ -1,9 +1,11 @@
 """Fair admission to the model worker: round-robin across sessions, bounded.
 
-Each session (or stateless request) has its own FIFO; the single consumer
-takes one job from the next session in the ring, so a session with many
-queued turns cannot starve the others.  One job runs at a time, hence one
-turn at a time per session.  A full queue answers :class:`QueueFull` (429).
+Each session (or stateless request) has its own FIFO; the consumer takes one
+job from the next session in the ring, so a session with many queued turns
+cannot starve the others.  Up to ``max_running`` jobs run at once (one per
+model slot; the step loop batches them), and a session has at most one turn
+running (the session manager's claim).  A full queue answers
+:class:`QueueFull` (429).
 """
 
 from __future__ import annotations
@@ -20,27 +22,34 @@ Job = Callable[[], Awaitable[Any]]
 
 
 class FairScheduler:
-    def __init__(self, max_pending: int) -> None:
+    def __init__(self, max_pending: int, max_running: int = 1) -> None:
         self.max_pending = max_pending
+        self.max_running = max_running
         self._queues: dict[str, deque[tuple[Job, asyncio.Future[Any]]]] = {}
         self._ring: deque[str] = deque()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
         self.pending = 0
-        self.running = False
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
 
     @property
     def depth(self) -> int:
-        return self.pending + (1 if self.running else 0)
+        return self.pending + self.running
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="specgate-scheduler")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        tasks = [t for t in (self._task, *self._running) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         for queue in self._queues.values():
             for _, fut in queue:
                 fut.cancel()
@@ -78,24 +87,31 @@ class FairScheduler:
 
     async def _loop(self) -> None:
         while True:
-            if not self._ring:
+            if not self._ring or len(self._running) >= self.max_running:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             job, fut = self._next()
             if fut.cancelled():  # the client left while queued
                 continue
-            self.running = True
-            try:
-                result = await job()
-            except asyncio.CancelledError:
-                fut.cancel()
-                raise
-            except Exception as exc:  # delivered to the waiting request
-                if not fut.cancelled():
-                    fut.set_exception(exc)
-            else:
-                if not fut.cancelled():
-                    fut.set_result(result)
-            finally:
-                self.running = False
+            task = asyncio.create_task(self._run(job, fut))
+            self._running.add(task)
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._wakeup.set()
+
+    @staticmethod
+    async def _run(job: Job, fut: asyncio.Future[Any]) -> None:
+        try:
+            result = await job()
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
+        except Exception as exc:  # delivered to the waiting request
+            if not fut.cancelled():
+                fut.set_exception(exc)
+        else:
+            if not fut.cancelled():
+                fut.set_result(result)

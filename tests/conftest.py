@@ -36,10 +36,10 @@ def small_model() -> Path:
     return real_model(model_files.SMALL)
 
 
-def _engine(target: Path, speculator: Path):
+def _engine(target: Path, speculator: Path, **fields):
     from core.engine import Engine
 
-    return Engine(engine_config(target, speculator))
+    return Engine(engine_config(target, speculator, **fields))
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +62,7 @@ def smol_engine(small_model: Path):
 def smol_pair_engine(small_model: Path):
     """Full SmolLM2 as target, its first 20 blocks as draft: a draft that agrees often
     but not always, so speculative rounds both accept and reject."""
-    engine = _engine(small_model, tiny(20, model_files.SMALL))
+    engine = _engine(small_model, tiny(20, model_files.SMALL), kv_layout="unified")  # SpecAttn's views
     yield engine
     engine.close()
 

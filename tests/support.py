@@ -43,9 +43,9 @@ def tiny(n_blocks: int, spec: model_files.ModelSpec = model_files.SPECULATOR) ->
     return derived(n_blocks, spec)
 
 
-def engine_config(target: Path, speculator: Path) -> EngineConfig:
+def engine_config(target: Path, speculator: Path, **fields: Any) -> EngineConfig:
     return EngineConfig(target=str(target), speculator=str(speculator), n_ctx=4096, n_threads=2,
-                        calibrate_tokens=64)
+                        calibrate_tokens=64, **fields)
 
 
 class RedisServer:
@@ -132,9 +132,11 @@ class GatewayThread:
 
 
 def start_gateway(target: Path, speculator: Path, prefill: PrefillPolicy = TEST_PREFILL,
-                  decoding: DecodingPolicy | None = None, **gateway_kwargs: Any) -> GatewayThread:
+                  decoding: DecodingPolicy | None = None, engine: dict[str, Any] | None = None,
+                  **gateway_kwargs: Any) -> GatewayThread:
     gw = GatewayConfig(port=free_port(), **gateway_kwargs)
-    return GatewayThread(ServeConfig(gw, engine_config(target, speculator), prefill, decoding or DecodingPolicy()))
+    return GatewayThread(ServeConfig(gw, engine_config(target, speculator, **(engine or {})), prefill,
+                                     decoding or DecodingPolicy()))
 
 
 def policy(**fields: Any) -> TurnParams:

@@ -9,8 +9,9 @@ from core.chat import ChatTemplate
 from core.config import EngineConfig, SamplingParams
 from core.engine import Engine
 from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, TurnCancelled, VocabMismatch
-from core.prefill import dense_prefill, sparse_prefill
+from core.prefill import sparse_prefill
 from core.prompt import Prompt
+from core.steps import drive
 from tests.support import policy, with_sampling
 
 GREEDY = SamplingParams(max_tokens=8)
@@ -26,13 +27,13 @@ def long_prompt(engine: Engine, n_sentences: int = 60) -> Prompt:
 
 
 def prefill_logits(engine: Engine, tokens, kept, mode) -> np.ndarray:
-    ctx = engine.target_ctx
-    ctx.clear()
+    seq = engine.target_ctx.seq(0)
+    seq.clear()
     if kept is None:
-        dense_prefill(ctx, tokens, 0)
+        seq.decode(tokens, 0)
     else:
-        sparse_prefill(ctx, tokens, kept, mode, 0)
-    return ctx.logits()
+        drive(sparse_prefill(seq, tokens, kept, mode, 0))
+    return seq.logits()
 
 
 @pytest.mark.parametrize("mode", ["original", "compact"])
@@ -47,13 +48,13 @@ def test_original_mode_keeps_positions_compact_packs_them(tiny_engine):
     tokens = long_prompt(tiny_engine).tokens
     n = len(tokens)
     kept = np.concatenate([np.arange(0, 40), np.arange(100, 160), np.arange(n - 30, n)])
-    ctx = tiny_engine.target_ctx
-    ctx.clear()
-    assert sparse_prefill(ctx, tokens, kept, "original", 0) == n
-    assert ctx.pos_max() == n - 1
-    ctx.clear()
-    assert sparse_prefill(ctx, tokens, kept, "compact", 0) == kept.size
-    assert ctx.pos_max() == kept.size - 1
+    seq = tiny_engine.target_ctx.seq(0)
+    seq.clear()
+    assert drive(sparse_prefill(seq, tokens, kept, "original", 0))[0] == n
+    assert seq.pos_max() == n - 1
+    seq.clear()
+    assert drive(sparse_prefill(seq, tokens, kept, "compact", 0))[0] == kept.size
+    assert seq.pos_max() == kept.size - 1
 
 
 def test_bridge_gives_different_state_than_compact(tiny_engine):

@@ -24,7 +24,8 @@ def doc(i: int) -> str:
 
 @pytest.fixture(scope="module")
 def smol_gateway(small_model):
-    server = start_gateway(small_model, small_model, kv_budget_mb=0)  # every parked session is evicted
+    server = start_gateway(small_model, small_model, kv_budget_mb=0,  # every parked session is evicted
+                           engine={"slots": 1})  # one resident session: a second session parks the first
     yield server
     server.stop()
 

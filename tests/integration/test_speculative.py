@@ -93,8 +93,9 @@ def test_sparse_view_never_corrupts_the_session(smol_pair_engine, p):
     assert kv.speculator.tokens == kv.target.tokens  # the draft is in step with the target
     assert kv.target.tokens[: len(prompt)] == list(prompt)
     assert kv.target.kv_pos == list(range(len(kv.target.tokens)))
-    assert e.target_ctx.pos_max() == len(kv.target.tokens) - 1 and e.target_ctx.pos_max(1) == -1  # view gone
-    checks = ((e.speculator_ctx, kv.speculator.tokens), (e.target_ctx, list(prompt)))
+    target = e.target_ctx.seq(0)
+    assert target.pos_max() == len(kv.target.tokens) - 1 and e.target_ctx.seq_pos_max(1) == -1  # view gone
+    checks = ((e.speculator_ctx.seq(0), kv.speculator.tokens), (target, list(prompt)))
     for ctx, tokens in checks:
         kept, fresh = relogit_last(ctx, tokens), fresh_logits(ctx, tokens)
         assert int(np.argmax(kept)) == int(np.argmax(fresh))
@@ -148,6 +149,7 @@ def test_view_masks_attention_and_commits_only_chosen_cells(small_model):
 
     model = Model(str(small_model))
     ctx = Context(model, n_ctx=512, n_batch=256, n_ubatch=256, n_threads=2, flash_attn=True, views=True)
+    seq = ctx.seq(0)
     try:
         tokens = model.tokenize("The capital of France is Paris. The capital of Japan is Tokyo. " * 8)
         n = len(tokens)
@@ -155,20 +157,20 @@ def test_view_masks_attention_and_commits_only_chosen_cells(small_model):
 
         def second_logits(spans):
             if spans is not None:
-                ctx.make_view(spans)
+                seq.make_view(spans)
             ctx.decode([5, 6], n, logits_all=True, seqs=(VIEW_SEQ,) if spans is not None else (0,))
             return ctx.logits_at(1)
 
         dense = second_logits(None)
-        ctx.remove_from(n)
+        seq.remove_from(n)
         full_view = second_logits([(0, n)])
-        ctx.drop_view()
+        seq.drop_view()
         narrow = second_logits([(0, 4), (n - 1, n)])
-        ctx.commit_view(n, n + 1)  # keep the first new cell only
-        ctx.drop_view()
+        seq.commit_view(n, n + 1)  # keep the first new cell only
+        seq.drop_view()
         assert np.abs(full_view - dense).max() < 0.05 * (dense.max() - dense.min())
         assert np.abs(narrow - dense).max() > 1.0  # a 5-cell view really changes the result
-        assert ctx.pos_max() == n and ctx.pos_max(VIEW_SEQ) == -1
+        assert seq.pos_max() == n and ctx.seq_pos_max(VIEW_SEQ) == -1
     finally:
         ctx.close()
         model.close()

@@ -1,0 +1,173 @@
+"""The step loop: many turns on the model thread, one batch per context per step.
+
+In the spirit of nano-vllm's ``LLMEngine.step()``::
+
+    step():  resume the turns that asked for nothing (new ones, or between rounds)
+             for each context: one batch = every decoding turn's next token
+                                         + one chunk (<= step_tokens) of one pending prefill
+             decode it, and resume each turn whose request is complete
+
+A turn resumed after its decode samples its token at once (from its own batch
+index) and streams it, so every decoding session gets a token per step while a
+long prefill advances a chunk at a time.  Prefill chunks go round-robin: the
+turn that waited longest for a chunk gets the next one.  A turn whose ``abort``
+says so is cancelled before its next prefill chunk (:class:`TurnCancelled`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.errors import TurnCancelled
+from core.llama_bindings import Context
+from core.steps import Tokens, Turn
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """A turn in the loop and where it stands."""
+
+    turn: Turn[Any]
+    future: concurrent.futures.Future[Any]
+    abort: Callable[[], bool] | None = None
+    request: Tokens | None = None  # what it waits for; None: resume it at the next step
+    done: int = 0  # tokens of ``request`` already decoded
+    last_chunk: int = -1  # the step that last gave it a prefill chunk
+
+    @property
+    def remaining(self) -> int:
+        return len(self.request.tokens) - self.done if self.request is not None else 0
+
+
+@dataclass(slots=True)
+class StepStats:
+    """Counters the metrics exporter reads (written on the model thread only)."""
+
+    steps: int = 0
+    batches: int = 0
+    batch_rows: int = 0  # decoding turns' tokens, summed over batches
+    batch_tokens: int = 0
+    chunk_stalls: int = 0  # batches where decoding turns waited on a prefill chunk
+    last_rows: int = 0
+    busy_s: float = 0.0
+    rows_hist: dict[int, int] = field(default_factory=dict)
+
+
+class StepLoop:
+    def __init__(self, step_tokens: int) -> None:
+        self.step_tokens = step_tokens
+        self.jobs: list[Job] = []
+        self.stats = StepStats()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.jobs)
+
+    def add(self, job: Job) -> None:
+        self.jobs.append(job)
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        self.stats.steps += 1
+        for job in [j for j in self.jobs if j.request is None]:
+            self._resume(job, None)
+        contexts: list[Context] = []
+        for job in self.jobs:
+            if job.request is not None and job.request.seq.ctx not in contexts:
+                contexts.append(job.request.seq.ctx)
+        for ctx in contexts:
+            self._batch(ctx, [j for j in self.jobs if j.request is not None and j.request.seq.ctx is ctx])
+        self.stats.busy_s += time.perf_counter() - t0
+
+    def _batch(self, ctx: Context, jobs: list[Job]) -> None:
+        decoding = [j for j in jobs if j.remaining == 1]
+        prefilling = [j for j in jobs if j.remaining > 1]
+        chunk: tuple[Job, int] | None = None
+        room = min(self.step_tokens, ctx.n_batch - len(decoding))
+        for job in sorted(prefilling, key=lambda j: j.last_chunk):
+            if job.abort is not None and job.abort():
+                self._throw(job, TurnCancelled("the turn was cancelled during prefill"))
+                continue
+            if chunk is None and room > 0:
+                chunk = (job, min(room, job.remaining))
+                job.last_chunk = self.stats.steps
+        parts = [(j, 1) for j in decoding] + ([chunk] if chunk else [])
+        if not parts:
+            return
+        parts.sort(key=lambda p: p[0].request.seq.id)  # type: ignore[union-attr]
+        rows = []
+        for job, n in parts:
+            req = job.request
+            assert req is not None
+            final = job.done + n == len(req.tokens)
+            rows.append((req.seq.id, req.tokens[job.done: job.done + n], req.start_pos + job.done,
+                         req.logits and final))
+        try:
+            last = ctx.decode_rows(rows)
+        except Exception as exc:
+            for job, _ in parts:
+                self._throw(job, exc)
+            return
+        self._count(len(decoding), sum(n for _, n in parts), chunk is not None)
+        finished = []
+        for (job, n), idx in zip(parts, last, strict=True):
+            job.done += n
+            if job.remaining == 0:
+                finished.append((job, idx))
+        # decoding turns sample first: a resumed turn may decode inline and overwrite the logits
+        finished.sort(key=lambda f: f[0] not in decoding)
+        for job, idx in finished:
+            self._resume(job, idx)
+
+    def _count(self, rows: int, tokens: int, chunked: bool) -> None:
+        s = self.stats
+        s.batches += 1
+        s.batch_rows += rows
+        s.batch_tokens += tokens
+        s.last_rows = rows
+        s.rows_hist[rows] = s.rows_hist.get(rows, 0) + 1
+        if chunked and rows:
+            s.chunk_stalls += 1
+
+    def _resume(self, job: Job, reply: int | None) -> None:
+        job.request, job.done = None, 0
+        try:
+            request = job.turn.send(reply)
+        except StopIteration as stop:
+            self._finish(job, result=stop.value)
+        except BaseException as exc:  # noqa: BLE001 -- delivered to the waiting request
+            self._finish(job, error=exc)
+        else:
+            job.request = request
+
+    def _throw(self, job: Job, exc: BaseException) -> None:
+        job.request, job.done = None, 0
+        try:
+            request = job.turn.throw(exc)
+        except StopIteration as stop:
+            self._finish(job, result=stop.value)
+        except BaseException as err:  # noqa: BLE001
+            self._finish(job, error=err)
+        else:
+            job.request = request
+
+    def _finish(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
+        self.jobs.remove(job)
+        if job.future.cancelled():
+            return
+        if error is not None:
+            job.future.set_exception(error)
+        else:
+            job.future.set_result(result)
+
+    def cancel_all(self, reason: str) -> None:
+        """Shutdown: every turn still in the loop ends with :class:`TurnCancelled`."""
+        for job in list(self.jobs):
+            self._throw(job, TurnCancelled(reason))
+        for job in list(self.jobs):  # a turn that caught it and asked for more
+            job.turn.close()
+            self._finish(job, error=TurnCancelled(reason))

@@ -1,0 +1,89 @@
+"""The step loop on a real model: several turns batched give each the tokens it gets alone.
+
+SmolLM2-135M is target and speculator here: coherent greedy outputs, without
+the near-ties of the truncated test models (batched and unbatched decodes sum
+in different orders, see ../shared/DESIGN.md on logits across batch splits).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+from core.config import SamplingParams
+from core.engine import Engine
+from core.errors import TurnCancelled
+from core.step_loop import Job, StepLoop
+from tests.support import engine_config, policy, with_sampling
+
+QUESTIONS = ("Name three primary colours.", "What is the capital of France?",
+             "Write one sentence about the sea.", "Count from one to five.")
+PARAMS = with_sampling(policy(enabled=False), SamplingParams(max_tokens=24))
+
+
+@pytest.fixture(scope="module")
+def slots_engine(small_model):
+    engine = Engine(engine_config(small_model, small_model, slots=4, n_ctx=1024, calibrate_tokens=0))
+    yield engine
+    engine.close()
+
+
+def prompt(engine: Engine, text: str, repeat: int = 1):
+    return engine.chat.render([{"role": "user", "content": " ".join([text] * repeat)}])
+
+
+def run_together(engine: Engine, loop: StepLoop, turns) -> list[concurrent.futures.Future]:
+    futures = []
+    for turn, abort in turns:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut.set_running_or_notify_cancel()
+        loop.add(Job(turn, fut, abort))
+        futures.append(fut)
+    while loop.busy:
+        loop.step()
+    return futures
+
+
+def test_batched_turns_get_their_solo_tokens(slots_engine):
+    e = slots_engine
+    prompts = [prompt(e, q) for q in QUESTIONS]
+    alone = [e.run(p, PARAMS, slot=0).tokens for p in prompts]
+    loop = StepLoop(step_tokens=16)  # prompts of ~40 tokens: prefill in several chunks
+    futures = run_together(e, loop, [(e.turn(p, PARAMS, slot=i), None) for i, p in enumerate(prompts)])
+    together = [f.result().tokens for f in futures]
+    assert together == alone
+    assert max(loop.stats.rows_hist) == 4  # all four decoded in one batch
+    assert loop.stats.batch_rows > loop.stats.batches  # more than one turn per batch on average
+
+
+def test_a_long_prefill_shares_steps_with_decoding_turns(slots_engine):
+    e = slots_engine
+    short = [prompt(e, q) for q in QUESTIONS[:2]]
+    long_ = prompt(e, "The archive lists crates, shelves and lamps in every aisle.", repeat=30)
+    solo = e.run(long_, PARAMS, slot=0).tokens
+    loop = StepLoop(step_tokens=32)
+    futures = run_together(e, loop, [(e.turn(short[0], PARAMS, slot=0), None),
+                                     (e.turn(short[1], PARAMS, slot=1), None),
+                                     (e.turn(long_, PARAMS, slot=2), None)])
+    assert futures[2].result().tokens == solo
+    assert all(f.result().finish_reason in ("stop", "length") for f in futures)
+    assert loop.stats.chunk_stalls > 0  # decoding turns got tokens in steps that carried a chunk
+
+
+def test_an_aborted_turn_ends_before_its_next_chunk_and_the_others_finish(slots_engine):
+    e = slots_engine
+    long_ = prompt(e, "The archive lists crates, shelves and lamps in every aisle.", repeat=30)
+    calls = {"n": 0}
+
+    def abort() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 2  # two chunks, then the client is gone
+
+    loop = StepLoop(step_tokens=32)
+    futures = run_together(e, loop, [(e.turn(long_, PARAMS, slot=0), abort),
+                                     (e.turn(prompt(e, QUESTIONS[1]), PARAMS, slot=1), None)])
+    with pytest.raises(TurnCancelled):
+        futures[0].result()
+    assert futures[1].result().tokens == e.run(prompt(e, QUESTIONS[1]), PARAMS, slot=1).tokens
+    assert not loop.busy
