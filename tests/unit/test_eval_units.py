@@ -65,4 +65,5 @@ def test_cheaper_scorer_arms_cover_aggregation_lookahead_and_positions():
     names = {a.name for a in arms}
     assert "T14-filter-sum-la0-original" in names and "S8-max-la1-original" in names
     assert "T14-filter-sum-la1-compact" in names and "full-filter-sum-la1-original" in names
-    assert len(arms) == 3 + 2 * 6 and {a.scorer for a in arms} == {"full", "S8", "T14"}
+    assert "S8-filter-sum-la1-compact" not in names  # compact only at half depth
+    assert len(arms) == 3 + 3 + 4 and {a.scorer for a in arms} == {"full", "S8", "T14"}
