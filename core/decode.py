@@ -114,7 +114,8 @@ def generate(seq: Seq, n_past: int, params: SamplingParams, on_text: OnText | No
             first_s = first_s or time.perf_counter() - t0
             if not stream.push(tok) or n_past + len(stream.tokens) >= seq.n_ctx:
                 break
-            idx = (yield Tokens(seq, [tok], n_past + len(stream.tokens) - 1)) or -1
+            reply = yield Tokens(seq, [tok], n_past + len(stream.tokens) - 1)
+            idx = -1 if reply is None else reply
             n_decoded += 1
     finally:
         sampler.close()

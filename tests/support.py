@@ -44,8 +44,8 @@ def tiny(n_blocks: int, spec: model_files.ModelSpec = model_files.SPECULATOR) ->
 
 
 def engine_config(target: Path, speculator: Path, **fields: Any) -> EngineConfig:
-    return EngineConfig(target=str(target), speculator=str(speculator), n_ctx=4096, n_threads=2,
-                        calibrate_tokens=64, **fields)
+    base: dict[str, Any] = {"n_ctx": 4096, "n_threads": 2, "calibrate_tokens": 64}
+    return EngineConfig(target=str(target), speculator=str(speculator), **{**base, **fields})
 
 
 class RedisServer:

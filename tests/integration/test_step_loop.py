@@ -19,7 +19,7 @@ from tests.support import engine_config, policy, with_sampling
 
 QUESTIONS = ("Name three primary colours.", "What is the capital of France?",
              "Write one sentence about the sea.", "Count from one to five.")
-PARAMS = with_sampling(policy(enabled=False), SamplingParams(max_tokens=24))
+PARAMS = with_sampling(policy(enabled=False), SamplingParams(max_tokens=16))
 
 
 @pytest.fixture(scope="module")
