@@ -15,7 +15,7 @@ from core import model_files
 from core.config import EngineConfig, PrefillPolicy, build
 from core.errors import ConfigError
 
-SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover")
+SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes: a few minutes in all")
     parser.add_argument("--lengths", help="first_turn and planner prompt lengths, comma-separated tokens")
     parser.add_argument("--out", default="results/bench", help="results folder")
-    parser.add_argument("--arms", help="multi_turn arms to (re)run, comma-separated (default: all)")
+    parser.add_argument("--arms", help="multi_turn or concurrency arms to (re)run, comma-separated (default: all)")
+    parser.add_argument("--sessions", help="concurrency levels, comma-separated (default: 1,2,4,8,12; quick 1,2,4)")
     parser.add_argument("--target", default=None)
     parser.add_argument("--speculator", default=None)
 
@@ -92,6 +93,16 @@ def run(args: argparse.Namespace) -> int:
 
         summaries["failover"] = failover.run(str(derived(3)), str(derived(2)), out / f"failover{suffix}.json",
                                              *((6, 4) if args.quick else (20, 6)))
+    if "concurrency" in chosen:
+        from bench import concurrency
+
+        arms = tuple(args.arms.split(",")) if args.arms else concurrency.ARMS
+        if set(arms) - set(concurrency.ARMS):
+            raise ConfigError(f"unknown arm(s); known: {', '.join(concurrency.ARMS)}")
+        levels = tuple(int(x) for x in args.sessions.split(",")) if args.sessions else None
+        rows = concurrency.run(engine, args.quick, out / f"concurrency{suffix}.json", arms, levels)
+        plots.concurrency(rows, out / f"concurrency{suffix}.png")
+        summaries["concurrency"] = [{k: v for k, v in r.items() if k != "rows"} for r in rows]
     if "topp" in chosen:
         from bench import topp
         summaries["topp"] = topp.run(out / f"topp{suffix}.json")

@@ -125,6 +125,23 @@ def soak(samples: list[dict[str, Any]], out: Path) -> None:
     _finish(fig, ax, out, "seconds", "MB", "soak: 100 sessions x 10 turns, tiny models, 16 MB KV budget")
 
 
+def concurrency(rows: list[dict[str, Any]], out: Path) -> None:
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        mine = [r for r in rows if r["arm"] == arm]
+        n = [r["sessions"] for r in mine]
+        a.plot(n, [r["decode_tok_s"] or 0 for r in mine], "o-", label=arm)
+        b.plot(n, [r["ttft_p95_s"] for r in mine], "o-", label=arm)
+    a.set_ylabel("aggregate decode tokens/s")
+    b.set_ylabel("p95 TTFT (s)")
+    for ax in (a, b):
+        ax.set_xlabel("concurrent agent sessions")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Concurrent agent sessions, Qwen2.5-Coder 1.5B / 0.5B, 2 CPU cores", fontsize=9)
+    _save(fig, out)
+
+
 def _finish(fig: Any, ax: Any, out: Path, xlabel: str, ylabel: str, title: str,
             legend_size: int | None = None) -> None:
     ax.set_xlabel(xlabel)

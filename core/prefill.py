@@ -31,8 +31,8 @@ def sparse_prefill(seq: Seq, tokens: Sequence[int], kept: np.ndarray, mode: str,
     (core.steps), the last one keeping its logits.  Returns the next position and the
     batch index of those logits."""
     if mode == "compact":
-        idx = yield Tokens(seq, [tokens[i] for i in kept], base_pos)
-        return base_pos + len(kept), -1 if idx is None else idx
+        reply = yield Tokens(seq, [tokens[i] for i in kept], base_pos)
+        return base_pos + len(kept), -1 if reply is None else reply
     spans = runs(kept)
     last = seq.pos_max()  # -1 when the sequence is empty: the first run may start anywhere
     idx: int | None = -1

@@ -29,7 +29,7 @@ def spill_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def gw(tiny_target, tiny_speculator, redis_server, spill_dir):
     server = start_gateway(tiny_target, tiny_speculator, redis_url=redis_server.url, api_keys=("sk-alice", "sk-bob"),
-                           kv_budget_mb=0, kv_spill_dir=str(spill_dir), max_queue=3,
+                           kv_budget_mb=0, kv_spill_dir=str(spill_dir), max_queue=3, engine={"slots": 1},
                            limits=Limits(max_messages=64, max_sessions_per_key=12, max_tokens_cap=512))
     yield server
     server.stop()
@@ -253,7 +253,8 @@ def test_metrics_are_typed_and_count_rejections(gw):
 
 
 def test_idle_sessions_expire_from_memory_and_disk(tiny_target, tiny_speculator, tmp_path):
-    gw = start_gateway(tiny_target, tiny_speculator, session_ttl_s=600, kv_budget_mb=0, kv_spill_dir=str(tmp_path))
+    gw = start_gateway(tiny_target, tiny_speculator, session_ttl_s=600, kv_budget_mb=0, kv_spill_dir=str(tmp_path),
+                       engine={"slots": 1})
     manager = gw.app[keys.MANAGER]
 
     async def sweep(later_s: float) -> int:  # on the gateway's loop, as its sweeper task runs it

@@ -115,7 +115,7 @@ def test_a_paused_redis_neither_fails_nor_stalls_turns_and_the_store_converges(t
 
 def test_a_damaged_spill_file_rebuilds_and_an_unwritable_spill_dir_fails_nobody(small_model, tmp_path):
     spill = tmp_path / "spill"
-    gw = start_gateway(small_model, small_model, kv_budget_mb=0, kv_spill_dir=str(spill))
+    gw = start_gateway(small_model, small_model, kv_budget_mb=0, kv_spill_dir=str(spill), engine={"slots": 1})
     try:
         a = [{"role": "user", "content": "Pump 3 ran 40 minutes. Which pump?"}]
         keep = {"specprefill": {"mass": 1.0}}

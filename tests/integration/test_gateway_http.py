@@ -178,7 +178,7 @@ def test_full_queue_answers_429_with_retry_after(gateway):
         with lock:
             results.append(r)
 
-    threads = [threading.Thread(target=fire) for _ in range(9)]
+    threads = [threading.Thread(target=fire) for _ in range(14)]  # 4 slots running + 4 queued, then 429
     for th in threads:
         th.start()
     for th in threads:

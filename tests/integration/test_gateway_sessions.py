@@ -68,7 +68,7 @@ def test_keep_all_session_equals_fresh_requests_and_rebuilds_after_eviction(smol
 
 
 def test_spill_to_disk_restores_without_rebuild(small_model, tmp_path):
-    gw = start_gateway(small_model, small_model, kv_budget_mb=0, kv_spill_dir=str(tmp_path))
+    gw = start_gateway(small_model, small_model, kv_budget_mb=0, kv_spill_dir=str(tmp_path), engine={"slots": 1})
     try:
         a, b = new_session(gw), new_session(gw)
         msgs = [{"role": "user", "content": doc(1) + " Which pump?"}]

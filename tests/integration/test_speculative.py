@@ -126,7 +126,7 @@ def test_qk_probe_reproduces_llama_attention(tiny_target):
         flash.decode(tokens[-1:], n - 1)
         q = probe.stop_query()  # [n_layer, n_head, d]
         probe.start_keys()
-        flash.remove_from(n - 1)
+        flash.seq().remove_from(n - 1)
         flash.decode(tokens[-1:], n - 1)
         k_last = probe.stop_keys()
     finally:

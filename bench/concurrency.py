@@ -1,0 +1,172 @@
+"""``specgate bench concurrency``: many agent sessions at once.
+
+Each session is an agent as the official ``openai`` client drives it: every
+request streams with ``tools``, all sessions share one system prompt (the
+framework's instructions), and each turn appends a question, the assistant's
+``read_log`` call and the log it returned (a ``role: tool`` message).  For 1,
+2, 4, ... sessions at once, against a fresh server per level:
+
+* aggregate decode tokens/s: completion tokens over the time some session was
+  decoding (the union of first-to-last-token windows), and over the wall time;
+* p50/p95 TTFT over all turns;
+* p95 inter-token latency (ITL) of the gaps during which another session was
+  prefilling (between its request and its first token), next to the solo ITL;
+* wall time, and the server's peak RSS (VmHWM).
+
+Arms: SpecGate with resident slots and the step loop (``--slots N``), SpecGate
+serialized (``--slots 1``: one turn at a time, as before the step loop), and
+``llama_cpp.server`` with the same ``n_threads`` (it serves one request at a
+time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.common import free_port, progress, write_result
+from bench.serving import llama_server_cmd, percentile, server, specgate_cmd
+from bench.textgen import AGENT_TOOLS, WORDS_PER_TOKEN, filler
+from core.config import EngineConfig
+
+ARMS = ("specgate_slots", "specgate_serial", "llama_cpp_server")
+
+
+def system_prompt(tokens: int) -> str:
+    rng = random.Random(5)
+    manual = " ".join(filler(int(tokens * WORDS_PER_TOKEN), rng))
+    return "You are an operations agent. Use the tools; answer briefly.\nOperating manual:\n" + manual
+
+
+def turns(session: int, n_turns: int, tool_tokens: int) -> list[list[dict[str, Any]]]:
+    rng = random.Random(100 + session)
+    out: list[list[dict[str, Any]]] = []
+    for k in range(n_turns):
+        svc = f"svc{session}-{k}"
+        lines = filler(int(tool_tokens * WORDS_PER_TOKEN), rng)
+        lines.insert(len(lines) // 2, f"ERROR {svc}: failure code E-{rng.randint(1000, 9999)}.")
+        call = {"id": f"call_{k}", "type": "function",
+                "function": {"name": "read_log", "arguments": orjson.dumps({"service": svc}).decode()}}
+        out.append([{"role": "user", "content": f"Read the {svc} log and give its failure code."},
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": call["id"], "content": "\n".join(lines)}])
+    return out
+
+
+async def one_session(base: str, label: str, system: str, script: list[list[dict[str, Any]]], max_tokens: int,
+                      rows: list[dict[str, Any]]) -> None:
+    import openai
+
+    client: Any = openai.AsyncOpenAI(base_url=base + "/v1", api_key="bench", max_retries=0, timeout=7200,
+                                     default_headers={"X-Session-Id": label})
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    for k, append in enumerate(script):
+        messages += append
+        sent = time.perf_counter()
+        arrivals: list[float] = []
+        text = ""
+        stream = await client.chat.completions.create(model="bench", messages=messages, tools=AGENT_TOOLS,
+                                                      max_tokens=max_tokens, temperature=0, stream=True)
+        async for chunk in stream:
+            for choice in chunk.choices:
+                piece = choice.delta.content or ""
+                if piece or choice.delta.tool_calls:
+                    arrivals.append(time.perf_counter())
+                text += piece
+        rows.append({"session": label, "turn": k + 1, "sent": sent, "arrivals": arrivals,
+                     "ttft_s": (arrivals[0] - sent) if arrivals else None, "answer": text})
+        messages.append({"role": "assistant", "content": text or ""})
+
+
+def union_s(windows: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(windows):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def itl_during_prefill(rows: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """All inter-token gaps, and those overlapping another session's prefill window."""
+    prefills = [(r["session"], r["sent"], r["arrivals"][0]) for r in rows if r["arrivals"]]
+    gaps, during = [], []
+    for r in rows:
+        for a, b in zip(r["arrivals"], r["arrivals"][1:], strict=False):
+            gaps.append(b - a)
+            if any(s != r["session"] and p0 < b and a < p1 for s, p0, p1 in prefills):
+                during.append(b - a)
+    return gaps, during
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs: Path) -> dict[str, Any]:
+    port, pids = free_port(), list[int]()
+    slots = {"specgate_slots": max(n, 1), "specgate_serial": 1}.get(arm)
+    cmd = (specgate_cmd(port, engine, slots=slots, n_threads=engine.n_threads, max_queue=256)
+           if slots else llama_server_cmd(port, engine, cache=False))
+    system = system_prompt(params["system_tokens"])
+    rows: list[dict[str, Any]] = []
+    with server(cmd, port, logs / f"concurrency_{arm}_{n}.log", pids) as base:
+        progress(f"concurrency[{arm}] {n} sessions")
+
+        async def all_sessions() -> None:
+            await asyncio.gather(*(one_session(base, f"{arm}-{n}-{i}", system,
+                                               turns(i, params["turns"], params["tool_tokens"]),
+                                               params["max_tokens"], rows) for i in range(n)))
+
+        t0 = time.perf_counter()
+        asyncio.run(all_sessions())
+        wall = time.perf_counter() - t0
+        rss = peak_rss_mb(pids[0])
+    tokens = sum(len(r["arrivals"]) for r in rows)
+    decoding = union_s([(r["arrivals"][0], r["arrivals"][-1]) for r in rows if len(r["arrivals"]) > 1])
+    ttfts = [r["ttft_s"] for r in rows if r["ttft_s"] is not None]
+    gaps, during = itl_during_prefill(rows)
+    return {"arm": arm, "sessions": n, "turns": len(rows), "wall_s": round(wall, 1), "tokens": tokens,
+            "decode_tok_s": round(tokens / decoding, 2) if decoding else None,
+            "tok_s_wall": round(tokens / wall, 3),
+            "ttft_p50_s": round(statistics.median(ttfts), 2), "ttft_p95_s": round(percentile(ttfts, 0.95), 2),
+            "itl_p50_s": round(statistics.median(gaps), 3) if gaps else None,
+            "itl_p95_s": round(percentile(gaps, 0.95), 3) if gaps else None,
+            "itl_p95_during_prefill_s": round(percentile(during, 0.95), 3) if during else None,
+            "n_itl_during_prefill": len(during), "peak_rss_mb": rss,
+            "rows": [{k: v for k, v in r.items() if k != "arrivals"} | {"n_tokens": len(r["arrivals"])}
+                     for r in rows]}
+
+
+def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = ARMS,
+        levels: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
+    params = ({"system_tokens": 1000, "turns": 3, "tool_tokens": 300, "max_tokens": 32} if quick else
+              {"system_tokens": 1500, "turns": 6, "tool_tokens": 1000, "max_tokens": 64})
+    levels = levels or ((1, 2, 4) if quick else (1, 2, 4, 8, 12))
+    engine = EngineConfig(target=engine.target, speculator=engine.speculator, n_threads=engine.n_threads,
+                          n_ctx=4096 if quick else 8192)
+    logs = out.parent / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    for n in levels:
+        for arm in arms:
+            results.append(level(arm, n, engine, params, logs))
+            r = results[-1]
+            progress(f"  wall {r['wall_s']}s decode {r['decode_tok_s']} tok/s ttft p50 {r['ttft_p50_s']}s "
+                     f"itl p95 {r['itl_p95_s']}s (during prefill {r['itl_p95_during_prefill_s']}s) "
+                     f"rss {r['peak_rss_mb']} MB")
+            write_result(out, "concurrency", {"params": params, "levels": results},
+                         {"target": engine.target, "speculator": engine.speculator})
+    return results

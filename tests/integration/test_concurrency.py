@@ -1,0 +1,102 @@
+"""Several sessions at once through the gateway: turns share the step loop's batches,
+a client that leaves frees its slot, and a deleted session's slot never leaks its KV."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.support import start_gateway
+
+COUNT = [{"role": "user", "content": "Count slowly from one to fifty, one number per line."}]
+
+
+@pytest.fixture(scope="module")
+def gw(tiny_target, tiny_speculator):
+    server = start_gateway(tiny_target, tiny_speculator, engine={"slots": 4})
+    yield server
+    server.stop()
+
+
+def stream_times(base: str, sid: str, out: dict[str, list[float]], max_tokens: int = 40) -> None:
+    times: list[float] = []
+    with httpx.stream("POST", base + "/v1/chat/completions", headers={"X-Session-Id": sid}, timeout=300,
+                      json={"messages": COUNT, "max_tokens": max_tokens, "stream": True}) as resp:
+        for line in resp.iter_lines():
+            if '"content"' in line and '"role"' not in line:
+                times.append(time.perf_counter())
+    out[sid] = times
+
+
+def metric(base: str, name: str) -> float:
+    text = httpx.get(base + "/metrics").text
+    m = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
+    assert m, name
+    return float(m.group(1))
+
+
+def test_three_sessions_stream_at_the_same_time_in_shared_batches(gw):
+    rows0, batches0 = metric(gw.base, "specgate_step_batch_rows_total"), metric(gw.base, "specgate_step_batches_total")
+    out: dict[str, list[float]] = {}
+    threads = [threading.Thread(target=stream_times, args=(gw.base, f"conc-{i}", out)) for i in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert all(len(t) >= 10 for t in out.values()), {k: len(v) for k, v in out.items()}
+    spans = [(t[0], t[-1]) for t in out.values()]
+    for a0, a1 in spans:  # every stream was still sending while every other one was
+        for b0, b1 in spans:
+            assert a0 < b1 and b0 < a1
+    rows = metric(gw.base, "specgate_step_batch_rows_total") - rows0
+    batches = metric(gw.base, "specgate_step_batches_total") - batches0
+    assert rows / batches > 1.5  # turns decoded together, not one after another
+    assert metric(gw.base, "specgate_slots_busy") == 0
+    assert metric(gw.base, "specgate_slots_resident") == 3
+
+
+def test_a_client_that_leaves_frees_its_slot(gw):
+    with httpx.stream("POST", gw.base + "/v1/chat/completions", headers={"X-Session-Id": "leaver"}, timeout=60,
+                      json={"messages": COUNT, "max_tokens": 400, "stream": True}) as resp:
+        for line in resp.iter_lines():
+            if '"content"' in line and '"role"' not in line:
+                break
+    deadline = time.monotonic() + 30
+    while metric(gw.base, "specgate_slots_busy") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(gw.base, "specgate_slots_busy") == 0
+    view = httpx.get(gw.base + "/v1/sessions/leaver").json()
+    assert view["completion_tokens"] < 400 and view["state"] == "idle"
+
+
+def test_a_session_deleted_while_resident_comes_back_empty(gw):
+    first = [{"role": "user", "content": "Remember the word pelican. Say ok."}]
+    later = [{"role": "user", "content": "Name a colour."}]
+    r = httpx.post(gw.base + "/v1/chat/completions", headers={"X-Session-Id": "phoenix"}, timeout=60,
+                   json={"messages": first, "max_tokens": 8})
+    assert r.status_code == 200
+    assert httpx.get(gw.base + "/v1/sessions/phoenix").json()["kv"] == "resident"
+    assert httpx.delete(gw.base + "/v1/sessions/phoenix").json()["deleted"] is True
+    again = httpx.post(gw.base + "/v1/chat/completions", headers={"X-Session-Id": "phoenix"}, timeout=60,
+                       json={"messages": later, "max_tokens": 8}).json()
+    fresh = httpx.post(gw.base + "/v1/chat/completions", timeout=60, json={"messages": later, "max_tokens": 8}).json()
+    assert again["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
+    assert again["timings"]["cache_n"] == 0  # nothing of the old session's KV was reused
+    view = httpx.get(gw.base + "/v1/sessions/phoenix").json()
+    assert view["turns"] == 1 and view["prompt_tokens"] == again["timings"]["context_n"]
+
+
+def test_a_fifth_session_parks_the_least_recently_used_one(gw):
+    for i in range(5):
+        r = httpx.post(gw.base + "/v1/chat/completions", headers={"X-Session-Id": f"lru-{i}"}, timeout=60,
+                       json={"messages": [{"role": "user", "content": f"Say {i}."}], "max_tokens": 2})
+        assert r.status_code == 200
+    where = [httpx.get(f"{gw.base}/v1/sessions/lru-{i}").json()["kv"] for i in range(5)]
+    assert where[0] == "ram" and where[1:] == ["resident"] * 4
+    again = httpx.post(gw.base + "/v1/chat/completions", headers={"X-Session-Id": "lru-0"}, timeout=60,
+                       json={"messages": [{"role": "user", "content": "Say 0."}], "max_tokens": 2}).json()
+    assert again["timings"]["cache_n"] > 0 and not again["timings"]["kv_rebuilt"]  # restored from RAM
