@@ -143,7 +143,7 @@ class EngineConfig:
     layer_map: str = ""  # SpecAttn layer map JSON; empty = the one `specgate calibrate` stored for this pair
     slots: int = 4  # sessions resident at once in both contexts (each up to n_ctx tokens); 1 = one turn at a time
     kv_layout: str = "split"  # split: a KV stream per slot; unified: one shared pool (needed for SpecAttn)
-    step_tokens: int = 256  # prefill tokens per step of the loop, batched with the decoding slots' tokens
+    step_tokens: int = 16  # prefill tokens per step while other turns stream (see README "Many sessions at once")
 
     def __post_init__(self) -> None:
         _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")

@@ -4,12 +4,14 @@ In the spirit of nano-vllm's ``LLMEngine.step()``::
 
     step():  resume the turns that asked for nothing (new ones, or between rounds)
              for each context: one batch = every decoding turn's next token
-                                         + one chunk (<= step_tokens) of one pending prefill
+                                         + one chunk of one pending prefill
              decode it, and resume each turn whose request is complete
 
 A turn resumed after its decode samples its token at once (from its own batch
 index) and streams it, so every decoding session gets a token per step while a
-long prefill advances a chunk at a time.  Prefill chunks go round-robin: the
+long prefill advances a chunk at a time.  The chunk is ``step_tokens`` while
+any turn is streaming (a small chunk keeps their inter-token latency low) and
+a whole ``n_batch`` otherwise (prefill alone runs at full speed).  Prefill chunks go round-robin: the
 turn that waited longest for a chunk gets the next one.  A turn whose ``abort``
 says so is cancelled before its next prefill chunk (:class:`TurnCancelled`).
 """
@@ -79,15 +81,18 @@ class StepLoop:
         for job in self.jobs:
             if job.request is not None and job.request.seq.ctx not in contexts:
                 contexts.append(job.request.seq.ctx)
+        # prefill goes in small chunks only while some turn waits for its next token
+        streaming = any(j.remaining == 1 or j.request is None for j in self.jobs)
         for ctx in contexts:
-            self._batch(ctx, [j for j in self.jobs if j.request is not None and j.request.seq.ctx is ctx])
+            self._batch(ctx, [j for j in self.jobs if j.request is not None and j.request.seq.ctx is ctx],
+                        self.step_tokens if streaming else ctx.n_batch)
         self.stats.busy_s += time.perf_counter() - t0
 
-    def _batch(self, ctx: Context, jobs: list[Job]) -> None:
+    def _batch(self, ctx: Context, jobs: list[Job], chunk_tokens: int) -> None:
         decoding = [j for j in jobs if j.remaining == 1]
         prefilling = [j for j in jobs if j.remaining > 1]
         chunk: tuple[Job, int] | None = None
-        room = min(self.step_tokens, ctx.n_batch - len(decoding))
+        room = min(chunk_tokens, ctx.n_batch - len(decoding))
         for job in sorted(prefilling, key=lambda j: j.last_chunk):
             if job.abort is not None and job.abort():
                 self._throw(job, TurnCancelled("the turn was cancelled during prefill"))

@@ -49,7 +49,7 @@ def test_batched_turns_get_their_solo_tokens(slots_engine):
     e = slots_engine
     prompts = [prompt(e, q) for q in QUESTIONS]
     alone = [e.run(p, PARAMS, slot=0).tokens for p in prompts]
-    loop = StepLoop(step_tokens=16)  # prompts of ~40 tokens: prefill in several chunks
+    loop = StepLoop(step_tokens=16)
     futures = run_together(e, loop, [(e.turn(p, PARAMS, slot=i), None) for i, p in enumerate(prompts)])
     together = [f.result().tokens for f in futures]
     assert together == alone
@@ -73,12 +73,13 @@ def test_a_long_prefill_shares_steps_with_decoding_turns(slots_engine):
 
 def test_an_aborted_turn_ends_before_its_next_chunk_and_the_others_finish(slots_engine):
     e = slots_engine
-    long_ = prompt(e, "The archive lists crates, shelves and lamps in every aisle.", repeat=30)
+    long_ = prompt(e, "The archive lists crates, shelves and lamps in every aisle.", repeat=60)
+    assert 512 < len(long_) < 1000  # more than one chunk even at full batch size
     calls = {"n": 0}
 
     def abort() -> bool:
         calls["n"] += 1
-        return calls["n"] > 2  # two chunks, then the client is gone
+        return calls["n"] > 1  # one chunk, then the client is gone
 
     loop = StepLoop(step_tokens=32)
     futures = run_together(e, loop, [(e.turn(long_, PARAMS, slot=0), abort),
