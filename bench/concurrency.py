@@ -44,7 +44,9 @@ def system_prompt(tokens: int) -> str:
     return "You are an operations agent. Use the tools; answer briefly.\nOperating manual:\n" + manual
 
 
-def turns(session: int, n_turns: int, tool_tokens: int) -> list[list[dict[str, Any]]]:
+def turns(session: int, n_turns: int, tool_tokens: int, null_ok: bool = True) -> list[list[dict[str, Any]]]:
+    """``null_ok``: the assistant's tool-call message has ``content: null``, as the openai
+    client sends it; llama_cpp.server refuses that (a 500), so it gets ``""``."""
     rng = random.Random(100 + session)
     out: list[list[dict[str, Any]]] = []
     for k in range(n_turns):
@@ -54,7 +56,7 @@ def turns(session: int, n_turns: int, tool_tokens: int) -> list[list[dict[str, A
         call = {"id": f"call_{k}", "type": "function",
                 "function": {"name": "read_log", "arguments": orjson.dumps({"service": svc}).decode()}}
         out.append([{"role": "user", "content": f"Read the {svc} log and give its failure code."},
-                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "assistant", "content": None if null_ok else "", "tool_calls": [call]},
                     {"role": "tool", "tool_call_id": call["id"], "content": "\n".join(lines)}])
     return out
 
@@ -116,6 +118,17 @@ def peak_rss_mb(pid: int) -> float | None:
 
 
 def level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs: Path) -> dict[str, Any]:
+    """One arm at one concurrency; a server that fails mid-run is a result too."""
+    import openai
+
+    try:
+        return _level(arm, n, engine, params, logs)
+    except (openai.APIError, RuntimeError) as exc:
+        progress(f"concurrency[{arm}] {n} sessions failed: {exc!r}"[:300])
+        return {"arm": arm, "sessions": n, "error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+def _level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs: Path) -> dict[str, Any]:
     port, pids = free_port(), list[int]()
     slots = {"specgate_slots": max(n, 1), "specgate_serial": 1}.get(arm)
     cmd = (specgate_cmd(port, engine, slots=slots, n_threads=engine.n_threads, max_queue=256)
@@ -127,7 +140,7 @@ def level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs: 
 
         async def all_sessions() -> None:
             await asyncio.gather(*(one_session(base, f"{arm}-{n}-{i}", system,
-                                               turns(i, params["turns"], params["tool_tokens"]),
+                                               turns(i, params["turns"], params["tool_tokens"], null_ok=bool(slots)),
                                                params["max_tokens"], rows) for i in range(n)))
 
         t0 = time.perf_counter()
@@ -159,14 +172,22 @@ def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = AR
                           n_ctx=4096 if quick else 8192)
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    kept: list[dict[str, Any]] = []
+    if out.exists():  # rerunning some arms or levels keeps the others' figures
+        old = orjson.loads(out.read_bytes())
+        if old.get("params") == params:
+            kept = [r for r in old["levels"] if r["arm"] not in arms or r["sessions"] not in levels]
     results: list[dict[str, Any]] = []
     for n in levels:
         for arm in arms:
             results.append(level(arm, n, engine, params, logs))
             r = results[-1]
+            if "error" in r:
+                continue
             progress(f"  wall {r['wall_s']}s decode {r['decode_tok_s']} tok/s ttft p50 {r['ttft_p50_s']}s "
                      f"itl p95 {r['itl_p95_s']}s (during prefill {r['itl_p95_during_prefill_s']}s) "
                      f"rss {r['peak_rss_mb']} MB")
-            write_result(out, "concurrency", {"params": params, "levels": results},
+            merged = sorted(kept + results, key=lambda r: (r["sessions"], ARMS.index(r["arm"])))
+            write_result(out, "concurrency", {"params": params, "levels": merged},
                          {"target": engine.target, "speculator": engine.speculator})
-    return results
+    return sorted(kept + results, key=lambda r: (r["sessions"], ARMS.index(r["arm"])))

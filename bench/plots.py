@@ -128,7 +128,7 @@ def soak(samples: list[dict[str, Any]], out: Path) -> None:
 def concurrency(rows: list[dict[str, Any]], out: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     for arm in dict.fromkeys(r["arm"] for r in rows):
-        mine = [r for r in rows if r["arm"] == arm]
+        mine = [r for r in rows if r["arm"] == arm and "error" not in r]
         n = [r["sessions"] for r in mine]
         a.plot(n, [r["decode_tok_s"] or 0 for r in mine], "o-", label=arm)
         b.plot(n, [r["ttft_p95_s"] for r in mine], "o-", label=arm)

@@ -22,14 +22,14 @@ from core.chat import ChatTemplate
 from core.config import DecodeMode, DecodingPolicy, EngineConfig, PrefillPolicy, SamplingParams, TurnParams
 from core.cost_model import Costs, Work
 from core.decode import Generation, OnText, generate
-from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong, VocabMismatch
+from core.errors import ConfigError, EmptyPrompt, InvalidRequest, PromptTooLong, VocabMismatch
 from core.llama_bindings import AttentionCapture, Context, Model, Seq
 from core.prefill import sparse_prefill
 from core.prompt import Prompt
 from core.results import Result, Timings
 from core.scoring import importance
 from core.selection import forced_mask, runs, select_tokens
-from core.session_kv import SeqState, SessionKV, common_prefix
+from core.session_kv import SeqState, SessionKV, common_prefix, dense_prefix
 from core.specattn import SparseVerify, layer_weights
 from core.speculative import SpeculativeDecoder
 from core.steps import Tokens, Turn, drive
@@ -49,6 +49,29 @@ def check_same_vocab(a: Model, b: Model) -> None:
         raise VocabMismatch(f"{a.path.name} and {b.path.name} tokenize the same text differently")
 
 
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is none)."""
+    try:
+        for line in open("/proc/meminfo", encoding="ascii"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_memory(config: EngineConfig, target: Model, speculator: Model) -> None:
+    """Refuse a slot configuration whose KV caches and weights do not fit in memory."""
+    kv = config.slots * (config.n_ctx * target.kv_bytes_per_token
+                         + config.speculator_ctx_len * speculator.kv_bytes_per_token)
+    need, have = kv + target.size_bytes + speculator.size_bytes, available_bytes()
+    if have is not None and need > have:
+        mib = 1 << 20
+        raise ConfigError(f"{config.slots} slots x {config.n_ctx} tokens need {kv // mib} MiB of KV cache "
+                          f"(+ {(target.size_bytes + speculator.size_bytes) // mib} MiB of weights), but only "
+                          f"{have // mib} MiB of memory is available: lower --slots or --n-ctx")
+
+
 class Engine:
     """Owns both models and their contexts, each with ``config.slots`` sequences."""
 
@@ -62,6 +85,7 @@ class Engine:
             raise
         try:
             check_same_vocab(self.speculator, self.target)
+            check_memory(config, self.target, self.speculator)
             self.capture = AttentionCapture(self.speculator.n_layer)
             unified = config.kv_layout == "unified"
             self.target_ctx = Context(self.target, n_ctx=config.n_ctx, n_batch=config.n_batch,
@@ -102,6 +126,26 @@ class Engine:
         target, speculator = blobs or (b"", b"")
         self.target_ctx.seq(slot).load(target)
         self.speculator_ctx.seq(slot).load(speculator)
+
+    def adopt_prefix(self, tokens: tuple[int, ...], kv: SessionKV, slot: int, donor: SessionKV,
+                     donor_slot: int, min_tokens: int = 32) -> int:
+        """Start the empty ``slot`` with the KV of the longest prefix of ``tokens`` that
+        ``donor`` (resident in ``donor_slot``, idle) holds densely, in both models; returns
+        the target tokens adopted.  Only tokens ``tokens`` itself carries are adopted, so a
+        session never gains another's private context.  Between split streams the copy
+        is a buffer copy, done before the next decode of that context."""
+        adopted = 0
+        for ctx, mine, theirs in ((self.target_ctx, kv.target, donor.target),
+                                  (self.speculator_ctx, kv.speculator, donor.speculator)):
+            n = min(dense_prefix(theirs, tokens), len(tokens) - 1)
+            if n < min_tokens or mine.tokens:
+                continue
+            ctx.copy_seq(donor_slot, slot)
+            ctx.seq(slot).remove_from(n)
+            mine.extend(tokens[:n], range(n))
+            if ctx is self.target_ctx:
+                adopted = n
+        return adopted
 
     # -- measurement --------------------------------------------------------
     def calibrate(self, n_tokens: int) -> None:

@@ -91,6 +91,9 @@ class Model:
         self.n_head = llama_cpp.llama_model_n_head(self._ptr)
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._ptr)
         self.size_bytes = self.path.stat().st_size
+        head_dim = llama_cpp.llama_model_n_embd(self._ptr) // max(1, self.n_head)
+        # f16 K and V of every layer: what one cached token costs a context
+        self.kv_bytes_per_token = 2 * 2 * self.n_layer * llama_cpp.llama_model_n_head_kv(self._ptr) * head_dim
 
     def close(self) -> None:
         if self._ptr:

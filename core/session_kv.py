@@ -19,6 +19,16 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+def dense_prefix(state: SeqState, tokens: Sequence[int]) -> int:
+    """How many leading ``tokens`` ``state`` holds, each cached at its own position (what
+    another sequence can copy as is: no dropped token, no compacted position)."""
+    n = min(len(state.tokens), len(tokens))
+    i = 0
+    while i < n and state.tokens[i] == tokens[i] and state.kv_pos[i] == i:
+        i += 1
+    return i
+
+
 @dataclass(slots=True)
 class SeqState:
     """One model's view of a session: logical tokens and where each sits in the KV."""

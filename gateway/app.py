@@ -138,6 +138,10 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
     live.counters.update({
         "specgate_kv_evictions": ("Parked KV evicted from RAM.", lambda: parked.evictions),
         "specgate_steps": ("Steps of the model thread's loop.", lambda: app[keys.WORKER].stats.steps),
+        "specgate_prefix_lookups": ("Sessions that started without KV and looked for a shared prefix.",
+                                    lambda: manager.prefix_lookups),
+        "specgate_prefix_hits": ("Sessions that started from another resident session's prefix KV.",
+                                 lambda: manager.prefix_hits),
         "specgate_step_batches": ("Batches decoded by the step loop.", lambda: app[keys.WORKER].stats.batches),
         "specgate_step_batch_rows": ("Decoding turns' tokens over all batches (divide by batches: mean batch).",
                                      lambda: app[keys.WORKER].stats.batch_rows),

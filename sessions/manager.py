@@ -41,7 +41,7 @@ from core.errors import (
     TurnCancelled,
 )
 from core.prompt import Prompt
-from core.session_kv import SessionKV
+from core.session_kv import SessionKV, dense_prefix
 from core.steps import Turn
 from core.worker import ModelWorker
 from sessions.ids import check_id, session_key
@@ -147,6 +147,7 @@ class SessionManager:
         self.registry: Registry = registry or LocalRegistry()
         self._sessions: dict[str, Session] = {}
         self.slots = SlotTable(worker.config.slots)  # model thread only
+        self.prefix_lookups = self.prefix_hits = 0  # sessions that started without KV / that adopted a prefix
 
     @property
     def live(self) -> int:
@@ -353,7 +354,7 @@ class SessionManager:
         engine.check_prompt(prompt)  # a bad prompt must not cost the session its cache
         seat = self.slots.seat(session)
         evicted = self._park(engine, seat)
-        rebuilt = False
+        rebuilt, shared = False, 0
         try:
             if seat.fresh:
                 blobs = self.parked.take(session.key)
@@ -364,6 +365,8 @@ class SessionManager:
                     rebuilt = True
                     log.info("session_kv_rebuild", session_id=session.id)
                 engine.load_kv(blobs, seat.slot)
+                if blobs is None:
+                    shared = self._share_prefix(engine, session, prompt.tokens, seat.slot)
             result = yield from engine.turn(prompt, params, on_text, kv=session.kv, slot=seat.slot)
         except BaseException:
             # never leave bookkeeping that disagrees with the caches: the next turn rebuilds
@@ -372,5 +375,23 @@ class SessionManager:
             raise
         finally:
             self.slots.release(seat.slot)
-        result.timings.kv_rebuilt = rebuilt
+        result.timings.kv_rebuilt, result.timings.prefix_shared_n = rebuilt, shared
         return TurnOutcome(result, evicted)
+
+    def _share_prefix(self, engine: Engine, session: Session, tokens: tuple[int, ...], slot: int) -> int:
+        """Start a session without KV from the idle resident session of the same owner that
+        shares the longest prefix with its prompt (the framework's system prompt and tools)."""
+        best, best_n = None, 0
+        for donor_slot, holder in self.slots.idle():
+            if isinstance(holder, Session) and holder.owner == session.owner and holder is not session:
+                n = dense_prefix(holder.kv.target, tokens)
+                if n > best_n:
+                    best, best_n = (donor_slot, holder), n
+        self.prefix_lookups += 1
+        if best is None:
+            return 0
+        shared = engine.adopt_prefix(tokens, session.kv, slot, best[1].kv, best[0])
+        if shared:
+            self.prefix_hits += 1
+            log.info("session_prefix_shared", session_id=session.id, tokens=shared, donor_slot=best[0])
+        return shared

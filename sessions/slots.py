@@ -40,6 +40,10 @@ class SlotTable:
     def resident(self) -> int:
         return sum(h is not None for h in self._holder)
 
+    def idle(self) -> list[tuple[int, object]]:
+        """(slot, holder) of every resident holder whose slot has no turn running."""
+        return [(i, h) for i, h in enumerate(self._holder) if h is not None and not self._busy[i]]
+
     def find(self, holder: object) -> int | None:
         for i, h in enumerate(self._holder):
             if h is holder:

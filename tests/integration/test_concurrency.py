@@ -100,3 +100,33 @@ def test_a_fifth_session_parks_the_least_recently_used_one(gw):
     again = httpx.post(gw.base + "/v1/chat/completions", headers={"X-Session-Id": "lru-0"}, timeout=60,
                        json={"messages": [{"role": "user", "content": "Say 0."}], "max_tokens": 2}).json()
     assert again["timings"]["cache_n"] > 0 and not again["timings"]["kv_rebuilt"]  # restored from RAM
+
+
+SYSTEM = ("You are the dispatcher of a harbour. Rules: answer in one short sentence; name ships exactly; "
+          "never invent cargo. " * 6)
+
+
+def test_sessions_that_share_only_a_prefix_get_exactly_their_own_continuations(small_model):
+    """A new session starts from a resident session's KV for the system prompt they share,
+    and answers exactly as a fresh request with its own messages does."""
+    server = start_gateway(small_model, small_model, engine={"slots": 3})
+    try:
+        def turn(sid: str | None, question: str) -> dict:
+            headers = {"X-Session-Id": sid} if sid else {}
+            return httpx.post(server.base + "/v1/chat/completions", headers=headers, timeout=120, json={
+                "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+                "max_tokens": 16}).json()
+
+        a = turn("pa", "Which ship carries the salt?")
+        b = turn("pb", "Which berth is free tonight?")
+        assert a["timings"]["prefix_shared_n"] == 0
+        shared = b["timings"]["prefix_shared_n"]
+        assert shared > 50 and b["timings"]["cache_n"] == shared  # the system prompt was not prefilled again
+        assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == shared
+        for reply, question in ((a, "Which ship carries the salt?"), (b, "Which berth is free tonight?")):
+            fresh = turn(None, question)
+            assert reply["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
+        metrics = httpx.get(server.base + "/metrics").text
+        assert "specgate_prefix_hits_total 1.0" in metrics
+    finally:
+        server.stop()

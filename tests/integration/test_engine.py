@@ -186,3 +186,11 @@ def test_mismatched_vocabularies_are_refused(tiny_target, small_model):
     with pytest.raises(VocabMismatch, match="vocabularies differ"):
         Engine(EngineConfig(target=str(tiny_target), speculator=str(small_model), n_ctx=512,
                             calibrate_tokens=0))
+
+
+def test_slots_that_do_not_fit_in_memory_are_refused_with_the_numbers(tiny_target, tiny_speculator):
+    from core.errors import ConfigError
+    from tests.support import engine_config
+
+    with pytest.raises(ConfigError, match=r"64 slots x 262144 tokens need \d+ MiB of KV cache .* lower --slots"):
+        Engine(engine_config(tiny_target, tiny_speculator, slots=64, n_ctx=262144))
