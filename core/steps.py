@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from core.llama_bindings import Seq
+if TYPE_CHECKING:  # pure: the unit tests import this without llama.cpp
+    from core.llama_bindings import Seq
 
 R = TypeVar("R")
 

@@ -143,12 +143,14 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
     policy = PrefillPolicy()
     arms = scorer_settings(early) if only_scorers else settings(quick, truncated, early)
     tasks = eval_tasks.generate(per_family, seed, words)
-    rows: list[dict[str, Any]] = []
+    rows = resumed(out / "eval.json", {"per_family": per_family, "seed": seed, "words": words}, arms)
     meta = {"params": {"per_family": per_family, "seed": seed, "words": words},
             "models": {"target": target, "speculator": speculator,
                        **{f"scorer_{name}": str(p) for name, p in paths.items()}}}
     try:
         for i, task in enumerate(tasks):
+            if any(r["task"] == task.id for r in rows):
+                continue  # measured by an earlier, stopped run of the same grid
             prompt = engine.chat.render([for_template(m) for m in task.messages], eval_tasks.TOOLS)
             guard = engine.plan(prompt, replace(policy, min_tokens=0, break_even=False)).protected
             tokens, n = prompt.tokens, len(prompt)
@@ -179,6 +181,23 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
     summary = save(rows, arms, meta, out)
     plots.eval_accuracy(summary, out / "eval.png")
     return summary
+
+
+def resumed(path: Path, params: dict[str, Any], arms: list[Setting]) -> list[dict[str, Any]]:
+    """The rows of an earlier run of the same grid (same tasks, same arms) at ``path``: a
+    long grid can be stopped and continued."""
+    import orjson
+
+    if not path.exists():
+        return []
+    old = orjson.loads(path.read_bytes())
+    same = all(old.get(k) == v for k, v in params.items()) and old.get("settings") == [asdict(s) for s in arms]
+    if not same:
+        return []
+    done = {r["task"] for r in old["rows"] if r["setting"] == "dense"}
+    complete = [t for t in done if sum(r["task"] == t for r in old["rows"]) == len(arms) + 1]
+    progress(f"eval: resuming after {len(complete)} measured tasks in {path}")
+    return [r for r in old["rows"] if r["task"] in complete]
 
 
 def save(rows: list[dict[str, Any]], arms: list[Setting], meta: dict[str, Any], out: Path) -> list[dict[str, Any]]:

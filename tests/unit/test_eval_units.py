@@ -67,3 +67,22 @@ def test_cheaper_scorer_arms_cover_aggregation_lookahead_and_positions():
     assert "T14-filter-sum-la1-compact" in names and "full-filter-sum-la1-original" in names
     assert "S8-filter-sum-la1-compact" not in names  # compact only at half depth
     assert len(arms) == 3 + 3 + 4 and {a.scorer for a in arms} == {"full", "S8", "T14"}
+
+
+def test_a_stopped_grid_resumes_after_its_complete_tasks_only(tmp_path):
+    from dataclasses import asdict
+
+    import orjson
+
+    from evals.answer_quality import Setting, resumed
+
+    arms = [Setting("a"), Setting("b", lookahead=1)]
+    params = {"per_family": 2, "seed": 29, "words": 800}
+    rows = [{"task": "t1", "setting": s} for s in ("dense", "a", "b")] + [{"task": "t2", "setting": "dense"}]
+    doc = {**params, "settings": [asdict(s) for s in arms], "rows": rows}
+    path = tmp_path / "eval.json"
+    path.write_bytes(orjson.dumps(doc))
+    assert [r["task"] for r in resumed(path, params, arms)] == ["t1"] * 3  # t2 stopped midway: measured again
+    assert resumed(path, {**params, "seed": 30}, arms) == []  # another task set
+    assert resumed(path, params, arms[:1]) == []  # another grid
+    assert resumed(tmp_path / "none.json", params, arms) == []
