@@ -62,11 +62,15 @@ def specgate_cmd(port: int, engine: EngineConfig, **extra: Any) -> list[str]:
 
 def llama_server_cmd(port: int, engine: EngineConfig, cache: bool) -> list[str]:
     """llama-cpp-python's server; it always reuses the live context's longest prefix,
-    and ``--cache`` adds its RAM prompt cache of saved states on top."""
+    and ``--cache`` adds its RAM prompt cache of saved states on top.  Its default
+    ``interrupt_requests`` cuts a streaming reply short when another request arrives
+    (measured: 5 of 6 replies empty with two agents at once); off here, so concurrent
+    requests queue instead."""
     threads = str(engine.n_threads)
     return [sys.executable, "-m", "llama_cpp.server", "--model", engine.target, "--n_ctx", str(engine.n_ctx),
             "--n_threads", threads, "--n_threads_batch", threads, "--flash_attn", "true",
-            "--cache", str(cache).lower(), "--port", str(port), "--host", "127.0.0.1"]
+            "--cache", str(cache).lower(), "--interrupt_requests", "false", "--port", str(port),
+            "--host", "127.0.0.1"]
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -143,13 +143,13 @@ class EngineConfig:
     layer_map: str = ""  # SpecAttn layer map JSON; empty = the one `specgate calibrate` stored for this pair
     slots: int = 4  # sessions resident at once in both contexts (each up to n_ctx tokens); 1 = one turn at a time
     kv_layout: str = "split"  # split: a KV stream per slot; unified: one shared pool (needed for SpecAttn)
-    step_tokens: int = 16  # prefill tokens per step while other turns stream (see README "Many sessions at once")
+    step_tokens: int = 0  # prefill tokens per step while other turns stream; 0 = decode first (README "Many sessions")
 
     def __post_init__(self) -> None:
         _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
         _require(1 <= self.slots <= 64, f"slots must be in [1, 64], got {self.slots}")
         _one_of("kv_layout", self.kv_layout, KV_LAYOUTS)
-        _require(self.step_tokens >= 1, f"step_tokens must be >= 1, got {self.step_tokens}")
+        _require(self.step_tokens >= 0, f"step_tokens must be >= 0, got {self.step_tokens}")
         _require(self.slots < self.n_batch, f"n_batch ({self.n_batch}) must exceed slots ({self.slots})")
         _require(self.speculator_n_ctx >= 0, f"speculator_n_ctx must be >= 0, got {self.speculator_n_ctx}")
         _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")

@@ -8,12 +8,18 @@ In the spirit of nano-vllm's ``LLMEngine.step()``::
              decode it, and resume each turn whose request is complete
 
 A turn resumed after its decode samples its token at once (from its own batch
-index) and streams it, so every decoding session gets a token per step while a
-long prefill advances a chunk at a time.  The chunk is ``step_tokens`` while
-any turn is streaming (a small chunk keeps their inter-token latency low) and
-a whole ``n_batch`` otherwise (prefill alone runs at full speed).  Prefill chunks go round-robin: the
-turn that waited longest for a chunk gets the next one.  A turn whose ``abort``
-says so is cancelled before its next prefill chunk (:class:`TurnCancelled`).
+index) and streams it, so every decoding session gets a token per step.
+
+Prefill: while any turn is streaming, a pending prefill gets ``step_tokens``
+a step; ``step_tokens=0`` (the default) is *decode first*: none at all until
+the decoders drain.  Decoding is bounded (``max_tokens``) and a turn starts
+decoding only when its own prefill ends, so every prefill gets its turn.  With
+no turn streaming, a chunk is a whole ``n_batch`` (full speed).  The chunk goes
+to the prefill with the fewest tokens left: a short prompt is not stuck behind
+a long one, and equal prompts finish one after another instead of all late.
+
+A turn whose ``abort`` says so is cancelled before its next prefill chunk
+(:class:`TurnCancelled`).
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ class StepLoop:
         for job in self.jobs:
             if job.request is not None and job.request.seq.ctx not in contexts:
                 contexts.append(job.request.seq.ctx)
-        # prefill goes in small chunks only while some turn waits for its next token
+        # while some turn waits for its next token, prefill gets step_tokens (0: none) a step
         streaming = any(j.remaining == 1 or j.request is None for j in self.jobs)
         for ctx in contexts:
             self._batch(ctx, [j for j in self.jobs if j.request is not None and j.request.seq.ctx is ctx],
@@ -93,7 +99,7 @@ class StepLoop:
         prefilling = [j for j in jobs if j.remaining > 1]
         chunk: tuple[Job, int] | None = None
         room = min(chunk_tokens, ctx.n_batch - len(decoding))
-        for job in sorted(prefilling, key=lambda j: j.last_chunk):
+        for job in sorted(prefilling, key=lambda j: (j.remaining, j.last_chunk)):
             if job.abort is not None and job.abort():
                 self._throw(job, TurnCancelled("the turn was cancelled during prefill"))
                 continue

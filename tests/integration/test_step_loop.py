@@ -88,3 +88,13 @@ def test_an_aborted_turn_ends_before_its_next_chunk_and_the_others_finish(slots_
         futures[0].result()
     assert futures[1].result().tokens == e.run(prompt(e, QUESTIONS[1]), PARAMS, slot=1).tokens
     assert not loop.busy
+
+
+def test_decode_first_holds_prefill_while_turns_decode(slots_engine):
+    e = slots_engine
+    long_ = prompt(e, "The archive lists crates, shelves and lamps in every aisle.", repeat=30)
+    short = prompt(e, QUESTIONS[0])
+    loop = StepLoop(step_tokens=0)
+    futures = run_together(e, loop, [(e.turn(short, PARAMS, slot=0), None), (e.turn(long_, PARAMS, slot=1), None)])
+    assert [f.result().tokens for f in futures] == [e.run(p, PARAMS, slot=2).tokens for p in (short, long_)]
+    assert loop.stats.chunk_stalls == 0  # no step carried both a decoding turn and a prefill chunk
