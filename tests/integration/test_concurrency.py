@@ -17,7 +17,9 @@ COUNT = [{"role": "user", "content": "Count slowly from one to fifty, one number
 
 @pytest.fixture(scope="module")
 def gw(tiny_target, tiny_speculator):
-    server = start_gateway(tiny_target, tiny_speculator, engine={"slots": 4})
+    # mixed steps (16-token prefill chunks beside decoding turns), so that streams which start
+    # together also decode together; the default, decode first, holds a prefill while others decode
+    server = start_gateway(tiny_target, tiny_speculator, engine={"slots": 4, "step_tokens": 16})
     yield server
     server.stop()
 
