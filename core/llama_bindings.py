@@ -419,11 +419,10 @@ class Seq:
     """One sequence (slot) of a :class:`Context`: every call the engine makes for one
     session's KV.  A handle only; the context owns the memory."""
 
-    __slots__ = ("ctx", "id", "abort")
+    __slots__ = ("ctx", "id")
 
     def __init__(self, ctx: Context, seq_id: int) -> None:
         self.ctx, self.id = ctx, seq_id
-        self.abort: Callable[[], bool] | None = None
 
     @property
     def model(self) -> Model:
@@ -444,7 +443,7 @@ class Seq:
     def decode(self, tokens: Sequence[int], start_pos: int, logits_last: bool = True,
                logits_all: bool = False, through_view: bool = False) -> None:
         seqs = (self.ctx.view_seq,) if through_view else (self.id,)
-        self.ctx.decode(tokens, start_pos, logits_last, logits_all, seqs, self.abort)
+        self.ctx.decode(tokens, start_pos, logits_last, logits_all, seqs)
 
     def logits(self) -> np.ndarray:
         return self.ctx.logits()
