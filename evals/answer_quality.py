@@ -99,11 +99,13 @@ def capture(engine: Engine, tokens: tuple[int, ...]) -> tuple[list[np.ndarray], 
     return steps, time.perf_counter() - t0
 
 
-def answer(engine: Engine, tokens: tuple[int, ...], kept: np.ndarray, mode: str) -> str:
+def answer(engine: Engine, tokens: tuple[int, ...], kept: np.ndarray, mode: str) -> tuple[str, float]:
+    """The reply, and the target's prefill of ``kept`` in seconds."""
     engine.target_ctx.clear()
     params = TurnParams(prefill=PrefillPolicy(position_mode=mode), sampling=ANSWER)
-    gen = drive(engine.prefill_and_decode(SessionKV(), tokens, kept, params, None, Timings(), tokens))
-    return gen.text
+    timings = Timings()
+    gen = drive(engine.prefill_and_decode(SessionKV(), tokens, kept, params, None, timings, tokens))
+    return gen.text, timings.prompt_ms / 1000
 
 
 def wilson(k: int, n: int) -> tuple[float, float]:
@@ -155,20 +157,21 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
             guard = engine.plan(prompt, replace(policy, min_tokens=0, break_even=False)).protected
             tokens, n = prompt.tokens, len(prompt)
             progress(f"eval task {i + 1}/{len(tasks)} {task.id} ({n} tokens)")
-            dense_text = answer(engine, tokens, np.arange(n), "original")
-            rows.append(row(task, "dense", dense_text, n, n, 0.0, None))
+            dense_text, dense_s = answer(engine, tokens, np.arange(n), "original")
+            rows.append(row(task, "dense", dense_text, n, n, 0.0, None, dense_s))
             steps = {"full": capture(engine, tokens)}
             for name, scorer in scorers.items():
                 steps[name] = capture(scorer, tokens)
             full_default = kept_for(steps["full"][0], n, Setting("default"), policy, guard)
-            answers: dict[tuple[str, bytes], str] = {}  # arms that keep the same tokens answer alike
+            answers: dict[tuple[str, bytes], tuple[str, float]] = {}  # arms that keep the same tokens answer alike
             for s in arms:
                 kept = kept_for(steps[s.scorer][0], n, s, policy, guard)
                 overlap = len(np.intersect1d(kept, full_default)) / len(full_default) if s.scorer != "full" else None
                 key = (s.mode, kept.tobytes())
                 if key not in answers:
                     answers[key] = answer(engine, tokens, kept, s.mode)
-                rows.append(row(task, s.name, answers[key], n, int(kept.size), steps[s.scorer][1], overlap))
+                text, prefill_s = answers[key]
+                rows.append(row(task, s.name, text, n, int(kept.size), steps[s.scorer][1], overlap, prefill_s))
             done = [r for r in rows if r["task"] == task.id]
             progress("  " + " ".join(f"{r['setting']}={'+' if r['correct'] else '-'}" for r in done))
             save(rows, arms, meta, out)  # after every task: a stopped run keeps what it measured
@@ -208,9 +211,11 @@ def save(rows: list[dict[str, Any]], arms: list[Setting], meta: dict[str, Any], 
 
 
 def row(task: eval_tasks.Task, setting: str, text: str, n: int, kept: int, scoring_s: float,
-        overlap: float | None) -> dict[str, Any]:
+        overlap: float | None, prefill_s: float) -> dict[str, Any]:
+    """``scoring_s``: the scorer's capture; ``prefill_s``: the target's prefill of the kept tokens."""
     return {"task": task.id, "family": task.family, "depth": task.depth, "setting": setting, "n_prompt": n,
             "n_kept": kept, "kept_fraction": round(kept / n, 4), "scoring_s": round(scoring_s, 3),
+            "prefill_s": round(prefill_s, 3),
             "overlap_with_full": None if overlap is None else round(overlap, 4), "answer": text,
             "expected": task.expected, "correct": task.expected.lower() in text.lower()}
 
@@ -231,6 +236,7 @@ def summarize(rows: list[dict[str, Any]], arms: list[Setting]) -> list[dict[str,
             "retention_ci95": retention_ci(dense, hits) if s.name != "dense" else None,
             "kept_fraction": round(float(np.mean([r["kept_fraction"] for r in mine])), 4),
             "scoring_s": round(float(np.mean([r["scoring_s"] for r in mine])), 3),
+            "prefill_s": round(float(np.mean([r.get("prefill_s", 0.0) for r in mine])), 3),
             "overlap_with_full": round(float(np.mean(overlaps)), 4) if overlaps else None,
             "by_family": {f: round(sum(r["correct"] for r in mine if r["family"] == f)
                                    / max(1, sum(1 for r in mine if r["family"] == f)), 3)
