@@ -87,6 +87,27 @@ def eval_accuracy(summary: list[dict[str, Any]], out: Path) -> None:
     plt.close(fig)
 
 
+def scorer_cost(rule: list[dict[str, Any]], out: Path) -> None:
+    """Scoring cost against retention per scorer arm (evals.scorer_adoption)."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    for r in rule:
+        lo, hi = r["retention_ci95"]
+        color = "tab:green" if r["selectable"] else ("k" if r["setting"].startswith("full-max-la1") else "tab:gray")
+        ax.errorbar([r["cost_vs_today"]], [r["retention"]], yerr=[[r["retention"] - lo], [hi - r["retention"]]],
+                    fmt="o", color=color, capsize=2, alpha=0.85)
+        ax.annotate(r["setting"], (r["cost_vs_today"], r["retention"]), fontsize=6, xytext=(3, 2),
+                    textcoords="offset points")
+    ax.axhline(1.0, color="k", ls="--", lw=1, label="dense (retention 1)")
+    ax.axvline(1.0, color="tab:blue", ls=":", lw=1, label="today's scorer (cost 1)")
+    ax.axvline(0.6, color="tab:red", ls=":", lw=1, label="adoption limit (0.6)")
+    ax.set_xlabel("scoring time / today's scorer's (same run)")
+    ax.set_ylabel("answer retention vs dense (95% paired bootstrap)")
+    ax.set_title("Cheaper scorers: green = selectable by the adoption rule", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(fig, out)
+
+
 def specattn_ppl(texts: list[dict[str, Any]], out: Path) -> None:
     fig, axes = plt.subplots(1, len(texts), figsize=(5.5 * len(texts), 4.2), squeeze=False)
     for ax, doc in zip(axes[0], texts, strict=True):

@@ -33,6 +33,8 @@ HELP = {
     "min_tokens": "prompts shorter than this skip scoring",
     "break_even": "skip when scoring would cost more than it saves",
     "safety": "break-even safety factor",
+    "scorer": "model that scores prompts: speculator-full | speculator-early:R | target-early:R (first R blocks)",
+    "score_agg": "max (over heads and layers) | filter-sum | filter-max (the scorer's last layer, GemFilter)",
     "guard_mode": "structural (keep structure dense, sparsify tool results) | skip (no SpecPrefill with tools)",
     "speculative": "speculative decoding: the speculator drafts, the target verifies",
     "specattn": "speculative decoding with SpecAttn sparse verification (implies speculative)",

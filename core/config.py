@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -40,6 +41,36 @@ def field_default(f: dataclasses.Field) -> Any:
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     return f.default
+
+
+class ScorerKind(enum.StrEnum):
+    SPECULATOR_FULL = "speculator-full"
+    SPECULATOR_EARLY = "speculator-early"
+    TARGET_EARLY = "target-early"
+
+
+_SCORER = re.compile(r"^(speculator-full)$|^(speculator-early|target-early):([1-9][0-9]*)$")
+
+
+@dataclass(slots=True, frozen=True)
+class Scorer:
+    """Which model scores prompts (``EngineConfig.scorer``; the files: core.scorer_model)."""
+
+    kind: ScorerKind = ScorerKind.SPECULATOR_FULL
+    blocks: int = 0  # the early scorers' R: the first R transformer blocks
+
+    @classmethod
+    def parse(cls, text: str) -> Scorer:
+        m = _SCORER.match(text)
+        if not m:
+            raise ConfigError(f"scorer must be speculator-full, speculator-early:R or target-early:R "
+                              f"(R blocks, e.g. target-early:9), got {text!r}")
+        return cls() if m.group(1) else cls(ScorerKind(m.group(2)), int(m.group(3)))
+
+    @property
+    def drafts(self) -> bool:
+        """Whether the scoring model is the whole speculator, which speculative decoding drafts with."""
+        return self.kind is ScorerKind.SPECULATOR_FULL
 
 
 @dataclass(slots=True, frozen=True)
@@ -144,6 +175,8 @@ class EngineConfig:
     slots: int = 4  # sessions resident at once in both contexts (each up to n_ctx tokens); 1 = one turn at a time
     kv_layout: str = "split"  # split: a KV stream per slot; unified: one shared pool (needed for SpecAttn)
     step_tokens: int = 0  # prefill tokens per step while other turns stream; 0 = decode first (README "Many sessions")
+    scorer: str = "speculator-full"  # the model that scores prompts (core/scorer_model.py): or speculator-early:R,
+    # target-early:R -- the first R blocks of either model (README "A cheaper scorer")
 
     def __post_init__(self) -> None:
         _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
@@ -155,6 +188,12 @@ class EngineConfig:
         _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")
         _require(1 <= self.n_ubatch <= self.n_batch, "need 1 <= n_ubatch <= n_batch")
         _require(self.calibrate_tokens >= 0, "calibrate_tokens must be >= 0")
+        Scorer.parse(self.scorer)
+
+    @property
+    def scorer_drafts(self) -> bool:
+        """Whether the scoring model is the whole speculator (speculative decoding drafts with it)."""
+        return Scorer.parse(self.scorer).drafts
 
     @property
     def speculator_ctx_len(self) -> int:
@@ -254,6 +293,10 @@ class ServeConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     prefill: PrefillPolicy = field(default_factory=PrefillPolicy)
     decoding: DecodingPolicy = field(default_factory=DecodingPolicy)
+
+    def __post_init__(self) -> None:
+        _require(self.decoding.mode is DecodeMode.PLAIN or self.engine.scorer_drafts,
+                 f"speculative decoding drafts with the whole speculator, but --scorer is {self.engine.scorer}")
 
 
 T = TypeVar("T")

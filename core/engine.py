@@ -27,6 +27,7 @@ from core.llama_bindings import AttentionCapture, Context, Model, Seq
 from core.prefill import sparse_prefill
 from core.prompt import Prompt
 from core.results import Result, Timings
+from core.scorer_model import scoring_model
 from core.scoring import importance
 from core.selection import forced_mask, runs, select_tokens
 from core.session_kv import SeqState, SessionKV, common_prefix, dense_prefix
@@ -73,13 +74,16 @@ def check_memory(config: EngineConfig, target: Model, speculator: Model) -> None
 
 
 class Engine:
-    """Owns both models and their contexts, each with ``config.slots`` sequences."""
+    """Owns both models and their contexts, each with ``config.slots`` sequences.
+
+    ``speculator`` is the scoring model: the speculator itself, or an early-layer cut
+    of either model (``config.scorer``, core.scorer_model)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.target = Model(config.target)
         try:
-            self.speculator = Model(config.speculator)
+            self.speculator = Model(scoring_model(config.scorer, config.target, config.speculator))
         except Exception:
             self.target.close()
             raise
@@ -280,6 +284,9 @@ class Engine:
         if params.decoding.mode is DecodeMode.SPECATTN and self.target_ctx.view_seq < 0:
             raise InvalidRequest("specattn needs a unified KV cache: start the server with --kv-layout unified "
                                  "(or --slots 1)")
+        if params.decoding.mode is not DecodeMode.PLAIN and not self.config.scorer_drafts:
+            raise InvalidRequest(f"speculative decoding drafts with the whole speculator, but this server scores "
+                                 f"with {self.config.scorer}: start it with --scorer speculator-full")
         persistent = kv is not None
         if kv is None:
             kv = SessionKV()

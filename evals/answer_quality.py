@@ -28,6 +28,7 @@ from core.selection import select_tokens
 from core.session_kv import SeqState, SessionKV
 from core.steps import drive
 from evals import tasks as eval_tasks
+from evals.scorer_adoption import adoption
 from gateway.tool_calls import for_template
 
 if TYPE_CHECKING:  # the engine (llama.cpp) loads only when an evaluation runs
@@ -183,6 +184,8 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
 
     summary = save(rows, arms, meta, out)
     plots.eval_accuracy(summary, out / "eval.png")
+    if rule := adoption(summary):
+        plots.scorer_cost(rule, out / "scorers.png")
     return summary
 
 
@@ -206,7 +209,8 @@ def resumed(path: Path, params: dict[str, Any], arms: list[Setting]) -> list[dic
 def save(rows: list[dict[str, Any]], arms: list[Setting], meta: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     summary = summarize(rows, arms)
     write_result(out / "eval.json", "eval", {**meta["params"], "settings": [asdict(s) for s in arms],
-                                           "rows": rows, "summary": summary}, meta["models"])
+                                           "rows": rows, "summary": summary, "adoption": adoption(summary)},
+                 meta["models"])
     return summary
 
 

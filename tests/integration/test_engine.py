@@ -194,3 +194,29 @@ def test_slots_that_do_not_fit_in_memory_are_refused_with_the_numbers(tiny_targe
 
     with pytest.raises(ConfigError, match=r"64 slots x 262144 tokens need \d+ MiB of KV cache .* lower --slots"):
         Engine(engine_config(tiny_target, tiny_speculator, slots=64, n_ctx=262144))
+
+
+@pytest.mark.parametrize(("scorer", "blocks"), [("speculator-early:1", 1), ("target-early:2", 2)])
+def test_an_early_scorer_is_a_cut_model_behind_the_same_flow(tiny_target, tiny_speculator, scorer, blocks):
+    from core.errors import InvalidRequest
+    from tests.support import engine_config
+
+    engine = Engine(engine_config(tiny_target, tiny_speculator, scorer=scorer, calibrate_tokens=0, slots=1))
+    try:
+        assert engine.speculator.n_layer == blocks and f"-{blocks}blk-" in engine.speculator.path.name
+        assert engine.target.path == tiny_target
+        r = engine.run(long_prompt(engine), with_sampling(ALWAYS, GREEDY))
+        assert r.timings.specprefill == "active" and 0 < r.timings.prompt_n < r.timings.context_n
+        assert r.timings.speculator_prefill_n == len(long_prompt(engine)) - 1
+        with pytest.raises(InvalidRequest, match="--scorer speculator-full"):
+            engine.run(long_prompt(engine), with_sampling(policy(speculative=True), GREEDY))
+    finally:
+        engine.close()
+
+
+def test_an_early_scorer_deeper_than_its_model_is_refused(tiny_target, tiny_speculator):
+    from core.errors import ConfigError
+    from tests.support import engine_config
+
+    with pytest.raises(ConfigError, match="has 3 blocks: a cut must keep 1 to 3, got 9"):
+        Engine(engine_config(tiny_target, tiny_speculator, scorer="target-early:9", calibrate_tokens=0))

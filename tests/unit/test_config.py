@@ -5,6 +5,8 @@ from core.config import (
     EngineConfig,
     PrefillPolicy,
     SamplingParams,
+    Scorer,
+    ScorerKind,
     Selection,
     ServeConfig,
     TurnParams,
@@ -67,3 +69,28 @@ def test_nested_configs_build_from_flat_flags_and_env():
     turn = override(TurnParams(), enabled=False, max_keep=64, gamma=2, max_tokens=7)
     assert (turn.prefill.enabled, turn.prefill.selection.max_keep) == (False, 64)
     assert (turn.decoding.gamma, turn.sampling.max_tokens) == (2, 7)
+
+
+@pytest.mark.parametrize(("text", "kind", "blocks", "drafts"), [
+    ("speculator-full", ScorerKind.SPECULATOR_FULL, 0, True),
+    ("speculator-early:8", ScorerKind.SPECULATOR_EARLY, 8, False),
+    ("target-early:14", ScorerKind.TARGET_EARLY, 14, False),
+])
+def test_scorer_names_parse(text, kind, blocks, drafts):
+    s = Scorer.parse(text)
+    assert (s.kind, s.blocks, s.drafts) == (kind, blocks, drafts)
+    assert build(EngineConfig, {"scorer": text}).scorer_drafts is drafts
+
+
+@pytest.mark.parametrize("text", ["speculator", "target-early", "target-early:0", "target-early:-3",
+                                  "speculator-early:x", "draft-early:4", "speculator-full:2", ""])
+def test_bad_scorer_names_are_refused_with_the_forms(text):
+    with pytest.raises(ConfigError, match="speculator-full, speculator-early:R or target-early:R"):
+        EngineConfig(scorer=text)
+
+
+def test_speculative_decoding_by_default_needs_the_whole_speculator():
+    with pytest.raises(ConfigError, match="drafts with the whole speculator, but --scorer is target-early:9"):
+        build(ServeConfig, {"scorer": "target-early:9", "speculative": True})
+    assert build(ServeConfig, {"scorer": "target-early:9"}).engine.scorer == "target-early:9"
+    assert build(ServeConfig, {"speculative": True}).decoding.speculative

@@ -1,0 +1,44 @@
+"""The cheaper-scorer adoption rule (issue 14), applied to an eval summary (pure).
+
+A scorer arm is *selectable* when its paired retention interval against dense
+reaches 1.0 (dense's own retention) and its scoring costs at most ``max_cost`` of
+today's scorer's, both measured in the same run.  Whether a selectable arm
+becomes the default is decided by first-turn TTFT at 4K and 8K (``specgate
+bench first_turn``), not here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TODAY = "full-max-la1-original"  # the default scorer: the whole speculator, max over heads and layers
+MAX_COST = 0.6
+
+
+def adoption(summary: list[dict[str, Any]], max_cost: float = MAX_COST) -> list[dict[str, Any]]:
+    """One row per scorer arm: its cost against today's scorer and dense prefill, its
+    retention interval, an estimated TTFT ratio, and whether the rule selects it."""
+    by_name = {r["setting"]: r for r in summary}
+    today, dense = by_name.get(TODAY), by_name.get("dense")
+    if not today or not dense or not today["scoring_s"] or not dense["prefill_s"]:
+        return []
+    out = []
+    for r in summary:
+        if r["setting"] == "dense" or r.get("retention_ci95") is None:
+            continue
+        cost = r["scoring_s"] / today["scoring_s"]
+        reaches_dense = r["retention_ci95"][1] >= 1.0
+        out.append({
+            "setting": r["setting"],
+            "cost_vs_today": round(cost, 3),
+            "cost_vs_dense": round(r["scoring_s"] / dense["prefill_s"], 3),
+            "retention": r["retention"],
+            "retention_ci95": r["retention_ci95"],
+            "kept_fraction": r["kept_fraction"],
+            # what a first turn of this length would take against dense: scoring + the sparse prefill
+            "est_speedup": round(dense["prefill_s"] / (r["scoring_s"] + r["prefill_s"]), 3),
+            "selectable": bool(reaches_dense and cost <= max_cost),
+            "why": ("retention reaches dense" if reaches_dense else "retention interval below dense")
+                   + (f", cost {cost:.2f} <= {max_cost}" if cost <= max_cost else f", cost {cost:.2f} > {max_cost}"),
+        })
+    return out
