@@ -15,17 +15,20 @@ from core import model_files
 from core.config import EngineConfig, PrefillPolicy, build
 from core.errors import ConfigError
 
-SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency")
+SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
+             "scorers")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenarios", nargs="*", default=[],
                         help=f"which to run: {', '.join(SCENARIOS)} (default: the first three)")
     parser.add_argument("--quick", action="store_true", help="small sizes: a few minutes in all")
-    parser.add_argument("--lengths", help="first_turn and planner prompt lengths, comma-separated tokens")
+    parser.add_argument("--lengths", help="first_turn, planner and scorers prompt lengths, comma-separated tokens")
     parser.add_argument("--out", default="results/bench", help="results folder")
     parser.add_argument("--arms", help="multi_turn or concurrency arms to (re)run, comma-separated (default: all)")
     parser.add_argument("--sessions", help="concurrency levels, comma-separated (default: 1,2,4,8,12; quick 1,2,4)")
+    parser.add_argument("--scorers", default="", help="scorers: the arms besides today's, as scorer/agg, e.g. "
+                        "target-early:9/filter-sum,speculator-early:8/max")
     parser.add_argument("--target", default=None)
     parser.add_argument("--speculator", default=None)
 
@@ -103,6 +106,15 @@ def run(args: argparse.Namespace) -> int:
         rows = concurrency.run(engine, args.quick, out / f"concurrency{suffix}.json", arms, levels)
         plots.concurrency(rows, out / f"concurrency{suffix}.png")
         summaries["concurrency"] = [{k: v for k, v in r.items() if k != "rows"} for r in rows]
+    if "scorers" in chosen:
+        from bench import scorers
+
+        lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else \
+            ([1024] if args.quick else [4096, 8192])
+        summary = scorers.run(engine, build(PrefillPolicy), lengths, scorers.parse_arms(args.scorers),
+                              out / f"scorers{suffix}.json")
+        plots.scorers_ttft(summary, out / f"scorers{suffix}.png")
+        summaries["scorers"] = summary
     if "topp" in chosen:
         from bench import topp
         summaries["topp"] = topp.run(out / f"topp{suffix}.json")

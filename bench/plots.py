@@ -108,6 +108,23 @@ def scorer_cost(rule: list[dict[str, Any]], out: Path) -> None:
     _save(fig, out)
 
 
+def scorers_ttft(summary: list[dict[str, Any]], out: Path) -> None:
+    """First-turn speedup over dense per scorer arm and prompt length (bench.scorers)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    arms = list(summary[0]["speedup"]) if summary else []
+    width = 0.8 / max(1, len(arms))
+    for j, arm in enumerate(arms):
+        xs = [i + j * width for i in range(len(summary))]
+        ax.bar(xs, [s["speedup"][arm] for s in summary], width, label=arm)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(summary))],
+                  [f"{s['context_n']} tokens" for s in summary])
+    ax.axhline(1.0, color="k", ls="--", lw=1, label="dense")
+    ax.set_ylabel("first-turn TTFT speedup over dense")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    _save(fig, out)
+
+
 def specattn_ppl(texts: list[dict[str, Any]], out: Path) -> None:
     fig, axes = plt.subplots(1, len(texts), figsize=(5.5 * len(texts), 4.2), squeeze=False)
     for ax, doc in zip(axes[0], texts, strict=True):

@@ -56,3 +56,19 @@ def test_percentile_nearest_rank():
     values = [float(v) for v in range(1, 101)]
     assert percentile(values, 0.5) in (50.0, 51.0) and percentile(values, 0.99) == 99.0
     assert percentile([3.0], 0.99) == 3.0
+
+
+def test_scorer_arms_always_include_today_and_speedups_compare_to_it():
+    from bench import scorers
+
+    assert scorers.parse_arms("target-early:9/filter-sum,speculator-early:8") == [
+        ("speculator-full", "max"), ("target-early:9", "filter-sum"), ("speculator-early:8", "max")]
+    assert scorers.parse_arms("speculator-full/max") == [("speculator-full", "max")]
+    rows = [{"target_tokens": 4096, "context_n": 4200, "arm": a, "ttft_ms": ms, "correct": ok}
+            for a, ms, ok in (("dense", 100.0, True), (scorers.TODAY, 80.0, True),
+                              ("target-early:9/filter-sum", 50.0, False))]
+    rows.append({"target_tokens": 8192, "context_n": 8300, "arm": "dense", "ttft_ms": 1.0, "correct": True})
+    (s,) = scorers.summarize(rows)  # 8K lacks today's arm: no verdict there
+    assert s["speedup"] == {scorers.TODAY: 1.25, "target-early:9/filter-sum": 2.0}
+    assert s["beats_today"] == {"target-early:9/filter-sum": True}
+    assert s["correct"]["target-early:9/filter-sum"] is False
