@@ -22,6 +22,7 @@ from bench.common import progress, write_result
 from bench.derived_models import derived
 from core import model_files
 from core.config import EngineConfig, PrefillPolicy, SamplingParams, Selection, TurnParams
+from core.prompt import Prompt
 from core.results import Timings
 from core.scoring import importance
 from core.selection import select_tokens
@@ -34,7 +35,7 @@ from gateway.tool_calls import for_template
 if TYPE_CHECKING:  # the engine (llama.cpp) loads only when an evaluation runs
     from core.engine import Engine
 
-ANSWER = SamplingParams(max_tokens=40)  # agent-shaped prompts: the 1.5B often narrates before the answer
+ANSWER = SamplingParams(max_tokens=16)  # after the task's answer prefix (evals.tasks)
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,6 +92,13 @@ def kept_for(steps: list[np.ndarray], n: int, s: Setting, policy: PrefillPolicy,
     scores = importance(steps[: s.lookahead + 1], n, s.pool, policy.boost_first_n, policy.boost_first_mult,
                         policy.boost_last_n, policy.boost_last_mult, s.agg)
     return select_tokens(scores, s.selection, protected)
+
+
+def with_answer_prefix(engine: Engine, prompt: Prompt, prefix: str) -> Prompt:
+    """``prompt`` with the assistant's reply begun (after the generation prompt); the
+    message spans, and so the guard's, stay those of the request."""
+    extra = engine.target.tokenize(prefix, add_special=False, parse_special=False)
+    return replace(prompt, tokens=prompt.tokens + tuple(extra))
 
 
 def capture(engine: Engine, tokens: tuple[int, ...]) -> tuple[list[np.ndarray], float]:
@@ -154,7 +162,8 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
         for i, task in enumerate(tasks):
             if any(r["task"] == task.id for r in rows):
                 continue  # measured by an earlier, stopped run of the same grid
-            prompt = engine.chat.render([for_template(m) for m in task.messages], eval_tasks.TOOLS)
+            prompt = with_answer_prefix(engine, engine.chat.render([for_template(m) for m in task.messages],
+                                                                   eval_tasks.TOOLS), task.answer_prefix)
             guard = engine.plan(prompt, replace(policy, min_tokens=0, break_even=False)).protected
             tokens, n = prompt.tokens, len(prompt)
             progress(f"eval task {i + 1}/{len(tasks)} {task.id} ({n} tokens)")

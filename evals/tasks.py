@@ -7,11 +7,17 @@ question that needs one detail of it).  Each task is an agent-shaped chat, as
 the openai client sends it: the question, the assistant's tool call that
 fetched the long text, and the text as a ``role: tool`` message, with the
 tools offered; an answer is correct when it contains the expected string.
+
+Each task also carries an *answer prefix* (RULER's device, e.g. "The access code
+for the cedar depot is"), which the eval appends after the generation prompt: the
+1.5B otherwise narrates its search for dozens of tokens before it names the
+answer, and a short answer budget then scores dense itself as wrong.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +40,9 @@ TOOLS: tuple[dict[str, Any], ...] = (
 )
 
 
+Made = tuple[tuple[dict[str, Any], ...], str, str]  # messages, expected answer, answer prefix
+
+
 @dataclass(slots=True, frozen=True)
 class Task:
     id: str
@@ -41,6 +50,7 @@ class Task:
     depth: float
     messages: tuple[dict[str, Any], ...]
     expected: str
+    answer_prefix: str
 
 
 def _code(rng: random.Random) -> str:
@@ -61,23 +71,25 @@ def _chat(body: str, question: str, tool: str = "fetch_document",
             {"role": "tool", "tool_call_id": "call_0", "content": body})
 
 
-def needle(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[str, Any], ...], str]:
+def needle(rng: random.Random, words: int, depth: float) -> Made:
     key, value = rng.choice(KEYS), _code(rng)
     doc = _insert(filler(words, rng), f"The access code for the {key} is {value}.", depth)
-    return _chat(" ".join(doc), f"What is the access code for the {key}? Answer with the code."), value
+    return _chat(" ".join(doc), f"What is the access code for the {key}? Answer with the code."), value, \
+        f"The access code for the {key} is"
 
 
-def multikey(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[str, Any], ...], str]:
+def multikey(rng: random.Random, words: int, depth: float) -> Made:
     keys = rng.sample(KEYS, 4)
     values = [_code(rng) for _ in keys]
     doc = filler(words, rng)
     for i, (k, v) in enumerate(zip(keys, values, strict=True)):
         d = depth if i == 0 else rng.random()
         doc = _insert(doc, f"The access code for the {k} is {v}.", d)
-    return _chat(" ".join(doc), f"What is the access code for the {keys[0]}? Answer with the code."), values[0]
+    return _chat(" ".join(doc), f"What is the access code for the {keys[0]}? Answer with the code."), values[0], \
+        f"The access code for the {keys[0]} is"
 
 
-def vartrack(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[str, Any], ...], str]:
+def vartrack(rng: random.Random, words: int, depth: float) -> Made:
     names = rng.sample(["QX", "ZB", "MR", "TK", "VL", "HP", "NW", "JD"], 4)
     value = str(rng.randint(10000, 99999))
     doc = filler(words, rng)
@@ -86,10 +98,10 @@ def vartrack(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[s
     for spot, stmt in zip(reversed(spots), reversed(statements), strict=True):
         doc = _insert(doc, stmt, spot)
     question = f"Following the VAR assignments, what number does {names[3]} hold? Answer with the number."
-    return _chat(" ".join(doc), question), value
+    return _chat(" ".join(doc), question), value, f"Following the assignments, {names[3]} holds the number"
 
 
-def multidoc(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[str, Any], ...], str]:
+def multidoc(rng: random.Random, words: int, depth: float) -> Made:
     n_docs = 6
     firms = [f"{rng.choice(['Arlo', 'Brisk', 'Corvid', 'Delta', 'Ember', 'Fjord', 'Gale', 'Helix'])} "
              f"{rng.choice(['Works', 'Labs', 'Mills', 'Foundry', 'Supply'])} {i + 1}" for i in range(n_docs)]
@@ -102,10 +114,10 @@ def multidoc(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[s
         body = " ".join(filler(words // n_docs, rng))
         parts.append(f"Document {i + 1}: {firm} was founded in {year} in {city} and makes {product}. {body}")
     question = f"In which city was {firms[target]} founded? Answer with the city."
-    return _chat("\n\n".join(parts), question), answer
+    return _chat("\n\n".join(parts), question), answer, f"{firms[target]} was founded in the city of"
 
 
-def tooluse(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[str, Any], ...], str]:
+def tooluse(rng: random.Random, words: int, depth: float) -> Made:
     n_rows = max(8, words // 14)
     target = min(n_rows - 1, int(depth * n_rows))
     rows, answer = [], ""
@@ -118,10 +130,11 @@ def tooluse(rng: random.Random, words: int, depth: float) -> tuple[tuple[dict[st
         rows.append(f'{{"order": "{order}", "ship_to": "{city}", "qty": {qty}, "status": "'
                     f'{rng.choice(["packed", "shipped", "held", "returned"])}"}}')
     question = f"To which city does today's order {target_order} ship? Answer with the city."
-    return _chat("\n".join(rows), question, "list_orders", "{}"), answer
+    return _chat("\n".join(rows), question, "list_orders", "{}"), answer, f"Order {target_order} ships to"
 
 
-MAKERS = {"needle": needle, "multikey": multikey, "vartrack": vartrack, "multidoc": multidoc, "tooluse": tooluse}
+MAKERS: dict[str, Callable[[random.Random, int, float], Made]] = {
+    "needle": needle, "multikey": multikey, "vartrack": vartrack, "multidoc": multidoc, "tooluse": tooluse}
 
 
 def generate(per_family: int, seed: int, words: int) -> list[Task]:
@@ -130,6 +143,6 @@ def generate(per_family: int, seed: int, words: int) -> list[Task]:
         for i in range(per_family):
             rng = random.Random(f"{seed}-{family}-{i}")
             depth = DEPTHS[i % len(DEPTHS)]
-            messages, expected = MAKERS[family](rng, words, depth)
-            tasks.append(Task(f"{family}-{i}", family, depth, messages, expected))
+            messages, expected, prefix = MAKERS[family](rng, words, depth)
+            tasks.append(Task(f"{family}-{i}", family, depth, messages, expected, prefix))
     return tasks

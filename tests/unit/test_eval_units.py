@@ -20,6 +20,8 @@ def test_tasks_are_deterministic_and_carry_their_answer():
         assert t.messages[3]["tool_call_id"] == call["id"]
         assert call["function"]["name"] in {tool["function"]["name"] for tool in TOOLS}
         assert t.expected in t.messages[3]["content"], t.id
+        # the answer prefix starts the reply but never gives the answer away
+        assert t.answer_prefix and t.expected.lower() not in t.answer_prefix.lower(), t.id
 
 
 def test_wilson_interval():
