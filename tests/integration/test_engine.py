@@ -207,7 +207,7 @@ def test_an_early_scorer_is_a_cut_model_behind_the_same_flow(tiny_target, tiny_s
         assert engine.target.path == tiny_target
         r = engine.run(long_prompt(engine), with_sampling(ALWAYS, GREEDY))
         assert r.timings.specprefill == "active" and 0 < r.timings.prompt_n < r.timings.context_n
-        assert r.timings.speculator_prefill_n == len(long_prompt(engine)) - 1
+        assert r.timings.speculator_prefill_n == len(long_prompt(engine))  # all of it, in the cut model
         with pytest.raises(InvalidRequest, match="--scorer speculator-full"):
             engine.run(long_prompt(engine), with_sampling(policy(speculative=True), GREEDY))
     finally:
