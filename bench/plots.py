@@ -92,7 +92,8 @@ def scorer_cost(rule: list[dict[str, Any]], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(8.5, 4.8))
     for r in rule:
         lo, hi = r["retention_ci95"]
-        color = "tab:green" if r["selectable"] else ("k" if r["setting"].startswith("full-max-la1") else "tab:gray")
+        color = "tab:green" if r["selectable"] else "tab:orange" if r.get("as_written") else \
+            "k" if r["setting"].startswith("full-max-la1") else "tab:gray"
         ax.errorbar([r["cost_vs_today"]], [r["retention"]], yerr=[[r["retention"] - lo], [hi - r["retention"]]],
                     fmt="o", color=color, capsize=2, alpha=0.85)
         ax.annotate(r["setting"], (r["cost_vs_today"], r["retention"]), fontsize=6, xytext=(3, 2),
@@ -102,7 +103,8 @@ def scorer_cost(rule: list[dict[str, Any]], out: Path) -> None:
     ax.axvline(0.6, color="tab:red", ls=":", lw=1, label="adoption limit (0.6)")
     ax.set_xlabel("scoring time / today's scorer's (same run)")
     ax.set_ylabel("answer retention vs dense (95% paired bootstrap)")
-    ax.set_title("Cheaper scorers: green = selectable by the adoption rule", fontsize=9)
+    ax.set_title("Cheaper scorers: green = selectable; orange = interval reaches dense, point retention < 0.9",
+                 fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     _save(fig, out)
