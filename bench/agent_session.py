@@ -31,12 +31,14 @@ from bench.serving import llama_server_cmd, server, specgate_cmd
 from bench.textgen import AGENT_TOOLS, WORDS_PER_TOKEN, filler
 from core.config import EngineConfig
 
-ARMS = ("specgate_dense", "specgate_skip", "specgate_structural", "llama_cpp_server")
+ARMS = ("specgate_dense", "specgate_skip", "specgate_structural", "llama_cpp_server", "specgate_structural_forced")
 LONG_TOKENS = (3500, 3500)
 QUICK_LONG_TOKENS = (1200, 900)
 SERVICES = ("billing", "payments", "search", "mailer")
 FLAGS = {"specgate_dense": {"enabled": "false"}, "specgate_skip": {"guard_mode": "skip"},
-         "specgate_structural": {"guard_mode": "structural"}}
+         "specgate_structural": {"guard_mode": "structural"},
+         # break-even off: would scoring every long turn (turn 2 included) have paid?
+         "specgate_structural_forced": {"guard_mode": "structural", "break_even": "false"}}
 
 
 def script(sizes: tuple[int, ...], seed: int = 11) -> list[dict[str, Any]]:
