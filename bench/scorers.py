@@ -32,17 +32,16 @@ def run(engine_cfg: EngineConfig, policy: PrefillPolicy, lengths: list[int], arm
     from core.engine import Engine  # llama.cpp loads only when the bench runs
 
     base = override(engine_cfg, n_ctx=max(lengths) + 512, slots=1)
-    engines = {f"{s}/{a}": Engine(override(base, scorer=s)) for s, a in arms}
-    aggs = dict(zip(engines, (a for _, a in arms), strict=True))
     forced = override(policy, min_tokens=0, break_even=False)
+    engines = {f"{s}/{a}": (Engine(override(base, scorer=s)), override(forced, score_agg=a)) for s, a in arms}
     rows: list[dict[str, Any]] = []
     try:
         for i, n in enumerate(lengths):
             doc = agent_turn(int(n * WORDS_PER_TOKEN), depth=0.35, seed=500 + i, key=f"svc-{i}", value=f"S-{611 + i}")
-            first = engines[TODAY]
+            first = engines[TODAY][0]
             prompt = first.chat.render([for_template(m) for m in doc["messages"]], doc["tools"])
-            order: list[tuple[str, Any, PrefillPolicy]] = [("dense", first, override(policy, enabled=False))]
-            order += [(name, eng, override(forced, score_agg=aggs[name])) for name, eng in engines.items()]
+            order = [("dense", first, override(policy, enabled=False))]
+            order += [(name, eng, pol) for name, (eng, pol) in engines.items()]
             for arm, engine, pol in order[i % len(order):] + order[: i % len(order)]:
                 progress(f"scorers: {len(prompt)} tokens, {arm}")
                 r = engine.run(prompt, TurnParams(prefill=pol, sampling=SamplingParams(max_tokens=12)))
@@ -56,7 +55,7 @@ def run(engine_cfg: EngineConfig, policy: PrefillPolicy, lengths: list[int], arm
             write_result(out, "scorers", {"rows": rows, "summary": summarize(rows)},
                          {"target": base.target, "speculator": base.speculator})
     finally:
-        for engine in engines.values():
+        for engine, _ in engines.values():
             engine.close()
     return summarize(rows)
 
