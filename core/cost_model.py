@@ -121,10 +121,12 @@ class Work:
     n_protected: int  # of those, the ones the guard keeps dense
     target_cached: int  # cells already in the target's cache
     n_score: int  # tokens the speculator must prefill to score (its backlog included)
-    speculator_cached: int
+    speculator_cached: int  # cells those attend to, besides themselves
     lookahead: int
     n_batch: int
     compact: bool  # compact positions decode the kept tokens in full batches; original, run by run
+    n_rebuild: int = 0  # the target's cells the speculator re-prefills first, to mirror it
+    rebuild_runs: int = 0  # the contiguous runs those form
 
 
 @dataclass(slots=True, frozen=True)
@@ -152,6 +154,7 @@ def estimate(work: Work, costs: Costs) -> Estimate:
     sparse = costs.target.seconds(kept, work.target_cached, runs)
     # the speculator prefills all but the last token, then decodes it and the lookahead one by one
     n_prefill, n_context = max(0, work.n_score - 1), work.speculator_cached + work.n_score
-    scoring = (costs.speculator.seconds(n_prefill, work.speculator_cached, _calls(n_prefill, work.n_batch))
+    scoring = (costs.speculator.seconds(work.n_rebuild, 0, work.rebuild_runs)
+               + costs.speculator.seconds(n_prefill, work.speculator_cached, _calls(n_prefill, work.n_batch))
                + (work.lookahead + 1) * costs.speculator_step.seconds(1, n_context))
     return Estimate(dense, sparse, scoring, kept)

@@ -30,7 +30,15 @@ from core.results import Result, Timings
 from core.scorer_model import scoring_model
 from core.scoring import importance
 from core.selection import forced_mask, runs, select_tokens
-from core.session_kv import SeqState, SessionKV, common_prefix, dense_prefix
+from core.session_kv import (
+    SeqState,
+    SessionKV,
+    SpeculatorSync,
+    cached_indices,
+    common_prefix,
+    dense_prefix,
+    plan_speculator_sync,
+)
 from core.specattn import SparseVerify, layer_weights
 from core.speculative import SpeculativeDecoder
 from core.steps import Tokens, Turn, drive
@@ -195,47 +203,55 @@ class Engine:
         kv = kv or SessionKV()
         n = len(prompt)
         q = min(common_prefix(kv.target.tokens, prompt.tokens), n - 1)
-        p = min(common_prefix(kv.speculator.tokens, prompt.tokens), n - 1)
+        sync = self.speculator_sync(kv, prompt.tokens[:-1])
         scanned = "".join(self.target.detokenize(prompt.tokens[a:b], special=True)
                           for a, b in tool_guard.scan_spans(prompt, policy.guard_scan_tokens))
         verdict = tool_guard.inspect(prompt, scanned, policy)
         protected = int(forced_mask(n - q, 0, 0, [(a - q, b - q) for a, b in verdict.spans if b > q]).sum())
         work = Work(n_select=n - q, n_protected=protected, target_cached=sum(1 for x in kv.target.kv_pos[:q] if x >= 0),
-                    n_score=n - p, speculator_cached=p, lookahead=policy.lookahead, n_batch=self.config.n_batch,
-                    compact=policy.position_mode == "compact")
+                    n_score=n - sync.start, speculator_cached=sync.cells, lookahead=policy.lookahead,
+                    n_batch=self.config.n_batch, compact=policy.position_mode == "compact",
+                    n_rebuild=sync.n_rebuild, rebuild_runs=len(runs(np.asarray(sync.rebuild or ()))))
         return planner.plan(work, policy, verdict, costs or self.costs)
 
-    def score(self, kv: SeqState, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings,
+    def speculator_sync(self, kv: SessionKV, tokens: Sequence[int]) -> SpeculatorSync:
+        """How the speculator reaches ``tokens`` for scoring: as it is, or rebuilt as the
+        target's mirror when that is cheaper by the measured costs (core.session_kv)."""
+        return plan_speculator_sync(kv.speculator, kv.target, tokens, self.costs.speculator.seconds, self._calls)
+
+    def score(self, kv: SessionKV, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings,
               slot: int = 0) -> Turn[np.ndarray]:
         """Per-token importance over all of ``tokens`` (see :meth:`capture_steps`)."""
         steps = yield from self.capture_steps(kv, tokens, policy.lookahead, t, slot)
         return importance(steps, len(tokens), policy.pool_kernel, policy.boost_first_n, policy.boost_first_mult,
                           policy.boost_last_n, policy.boost_last_mult, policy.score_agg)
 
-    def capture_steps(self, kv: SeqState, tokens: tuple[int, ...], lookahead: int, t: Timings,
+    def capture_steps(self, kv_all: SessionKV, tokens: tuple[int, ...], lookahead: int, t: Timings,
                       slot: int = 0) -> Turn[list[np.ndarray]]:
         """Prefill the speculator's missing tokens without capture (a request to the step
         loop), then capture the last prompt token's row and ``lookahead`` greedy steps:
-        [n_layer, n_head, n_keys] each.  The captured steps run inline: the capture hook
-        must see this sequence's row alone."""
-        seq, n = self.speculator_ctx.seq(slot), len(tokens)
+        [n_layer, n_head, n] each, one column per logical token (zero where the speculator
+        holds no cell, see core.session_kv).  The captured steps run inline: the capture
+        hook must see this sequence's row alone."""
+        seq, n, kv = self.speculator_ctx.seq(slot), len(tokens), kv_all.speculator
         t0 = time.perf_counter()
-        base = yield from self._sync_speculator(seq, kv, tokens[:-1], t)
+        base = yield from self._sync_speculator(seq, kv, tokens[:-1], t, self.speculator_sync(kv_all, tokens[:-1]))
         t1 = time.perf_counter()
+        columns = np.asarray(cached_indices(kv) + [n - 1])  # cell i holds logical token columns[i]
         steps = []
         tok = tokens[-1]
         for step in range(lookahead + 1):
             pos = base + step
             if pos >= seq.n_ctx:
                 break
-            self.capture.start(n)
+            self.capture.start(columns.size)
             t_step = time.perf_counter()
             try:
                 seq.decode([tok], pos)
             finally:
                 rows = self.capture.stop()
-            self.costs.speculator_step.observe(1, pos, 1, time.perf_counter() - t_step)
-            steps.append(rows)
+            self.costs.speculator_step.observe(1, columns.size + step, 1, time.perf_counter() - t_step)
+            steps.append(rows if columns.size == n else _scatter(rows, columns, n))
             tok = int(np.argmax(seq.logits()))
         seq.remove_from(base + 1)  # lookahead tokens are not context
         kv.extend([tokens[-1]], [base])
@@ -251,10 +267,15 @@ class Engine:
         if n_keep < len(kv.tokens):
             seq.remove_from(kv.truncate(n_keep))
 
-    def _sync_speculator(self, seq: Seq, kv: SeqState, tokens: Sequence[int], t: Timings) -> Turn[int]:
-        """Bring the speculator's sequence to exactly ``tokens``; returns the next position.
-        Every such prefill also refreshes the measured speculator speed."""
-        self._rollback(seq, kv, min(common_prefix(kv.tokens, tokens), len(tokens)))
+    def _sync_speculator(self, seq: Seq, kv: SeqState, tokens: Sequence[int], t: Timings,
+                         sync: SpeculatorSync | None = None) -> Turn[int]:
+        """Bring the speculator's sequence to exactly ``tokens``, rebuilt as ``sync`` says;
+        returns the next position.  Every such prefill also refreshes the measured
+        speculator speed."""
+        if sync is not None and sync.rebuild is not None:
+            yield from self._mirror(seq, kv, tokens[:sync.start], np.asarray(sync.rebuild), t)
+        else:
+            self._rollback(seq, kv, min(common_prefix(kv.tokens, tokens), len(tokens)))
         delta = tokens[len(kv.tokens):]
         base = kv.next_pos
         if delta:
@@ -264,6 +285,20 @@ class Engine:
             kv.extend(delta, range(base, base + len(delta)))
             t.speculator_prefill_n += len(delta)
         return base + len(delta)
+
+    def _mirror(self, seq: Seq, kv: SeqState, history: Sequence[int], held: np.ndarray, t: Timings) -> Turn[None]:
+        """Empty the speculator's sequence and prefill only ``history[held]`` (the target's
+        cells) at their logical positions, so later tokens attend to what the target kept."""
+        seq.clear()
+        kv.reset()
+        t0 = time.perf_counter()
+        yield from sparse_prefill(seq, history, held, "original", 0)
+        self.costs.speculator.observe(int(held.size), 0, len(runs(held)), time.perf_counter() - t0)
+        positions = np.full(len(history), -1)
+        positions[held] = held
+        kv.extend(history, positions.tolist())
+        t.speculator_prefill_n += int(held.size)
+        t.speculator_mirrored_n = int(held.size)
 
     def run(self, prompt: Prompt, params: TurnParams, on_text: OnText | None = None,
             kv: SessionKV | None = None, abort: Callable[[], bool] | None = None, slot: int = 0) -> Result:
@@ -307,7 +342,7 @@ class Engine:
         t.specprefill, t.specprefill_reason = decision.status.value, decision.reason
         kept = np.arange(len(delta))
         if decision.score:
-            scores = (yield from self.score(kv.speculator, tokens, policy, t, slot))[q:]
+            scores = (yield from self.score(kv, tokens, policy, t, slot))[q:]
             protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
             kept = select_tokens(scores, policy.selection, protected)
             t.scoring_ms = (time.perf_counter() - t_start) * 1e3
@@ -362,7 +397,7 @@ class Engine:
         draft = self.speculator_ctx.seq(slot)
         decoder = SpeculativeDecoder(self.target_ctx.seq(slot), draft, self.capture, policy.gamma, sparse)
 
-        def draft_ready() -> tuple[list[int], int]:
+        def draft_ready() -> tuple[list[int], int, list[int]]:
             t0 = time.perf_counter()
             if kv.speculator.tokens != list(prompt):
                 base = drive(self._sync_speculator(draft, kv.speculator, prompt[:-1], t))
@@ -370,9 +405,16 @@ class Engine:
             else:
                 pending, pos = [], kv.speculator.next_pos
             t.draft_sync_ms = (time.perf_counter() - t0) * 1e3
-            return pending, pos
+            return pending, pos, cached_indices(kv.speculator)
 
         out = yield from decoder.generate(kv.target.kv_pos, draft_ready, sampling, on_text, idx)
         kv.speculator.extend(out.draft_committed, range(out.draft_pos, out.draft_pos + len(out.draft_committed)))
         t.decode_mode, t.speculative = policy.mode.value, out.stats
         return out.gen
+
+
+def _scatter(rows: np.ndarray, columns: np.ndarray, n: int) -> np.ndarray:
+    """Captured rows over cells -> rows over ``n`` logical tokens (zero where no cell)."""
+    out = np.zeros(rows.shape[:2] + (n,), dtype=rows.dtype)
+    out[:, :, columns] = rows[:, :, :columns.size]
+    return out

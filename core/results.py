@@ -57,6 +57,7 @@ class Timings:
     speculator_cache_n: int = 0  # speculator tokens reused from the session
     speculator_prefill_n: int = 0  # prompt tokens prefilled into the speculator this turn
     speculator_prefill_ms: float = 0.0
+    speculator_mirrored_n: int = 0  # of those, the target's cells re-prefilled so the speculator mirrors it
     speculator_deferred_n: int = 0  # context tokens the speculator has yet to catch up on (next scoring turn)
     lookahead_ms: float = 0.0
     scoring_ms: float = 0.0  # speculator prefill + lookahead + selection
@@ -86,6 +87,7 @@ class Timings:
             "prompt_per_second": _per_second(self.prompt_n, self.prompt_ms),
             "speculator_cache_n": self.speculator_cache_n, "speculator_prefill_n": self.speculator_prefill_n,
             "speculator_prefill_ms": round(self.speculator_prefill_ms, 2),
+            "speculator_mirrored_n": self.speculator_mirrored_n,
             "speculator_deferred_n": self.speculator_deferred_n,
             "lookahead_ms": round(self.lookahead_ms, 2), "scoring_ms": round(self.scoring_ms, 2),
             "ttft_ms": round(self.ttft_ms, 2), "predicted_n": self.predicted_n,

@@ -3,11 +3,18 @@
 The target may hold only some of the session's tokens (sparse prefill), and in
 ``compact`` mode at positions other than their logical ones, so each logical
 token records its KV position, or -1 when it was dropped.
+
+The speculator may *mirror* the target: when scoring a long delta, it can drop
+the history the target dropped and re-prefill only the target's cells, so the
+delta attends to as few cells in both models (:func:`plan_speculator_sync`).
+Its cells then stay in logical order (a cleared sequence fills its cells in
+order), which is what maps a captured attention column to a logical token, and
+each sits at its logical position.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -73,3 +80,47 @@ class SessionKV:
     def reset(self) -> None:
         self.target.reset()
         self.speculator.reset()
+
+
+def cached_indices(state: SeqState, n: int | None = None) -> list[int]:
+    """The logical indices (of the first ``n``) that ``state`` holds, in cell order."""
+    return [i for i, p in enumerate(state.kv_pos[:n]) if p >= 0]
+
+
+Cost = Callable[[int, int, int], float]  # (new tokens, cells before them, calls) -> seconds
+
+
+@dataclass(slots=True, frozen=True)
+class SpeculatorSync:
+    """How the speculator reaches ``tokens``: keep its common prefix and prefill the rest,
+    or (``rebuild``) start empty, re-prefill the target's cells of the shared history
+    (logical indices ``rebuild``), then prefill the rest densely from ``start``."""
+
+    start: int  # first logical token prefilled densely
+    cells: int  # cells attended before that prefill
+    rebuild: tuple[int, ...] | None = None
+
+    @property
+    def n_rebuild(self) -> int:
+        return len(self.rebuild or ())
+
+
+def plan_speculator_sync(spec: SeqState, target: SeqState, tokens: Sequence[int], cost: Cost,
+                         calls: Callable[[int], int]) -> SpeculatorSync:
+    """Rebuild the speculator as the target's mirror only when the new tokens' cheaper
+    attention (fewer cells) repays re-prefilling the target's cells, by ``cost``."""
+    keep = common_prefix(spec.tokens, tokens)
+    cells = sum(1 for p in spec.kv_pos[:keep] if p >= 0)
+    stay = SpeculatorSync(keep, cells)
+    q = common_prefix(target.tokens, tokens)
+    if not any(spec.kv_pos[i] >= 0 > target.kv_pos[i] for i in range(min(keep, q))):
+        return stay  # the speculator holds nothing the target dropped
+    held = cached_indices(target, q)
+    if held[-1:] != [q - 1]:
+        held.append(q - 1)  # the last history token keeps logical positions contiguous after it
+    n_runs = sum(1 for k, i in enumerate(held) if k == 0 or held[k - 1] != i - 1)
+    m_stay, m_new = len(tokens) - keep, len(tokens) - q
+    rebuild = cost(len(held), 0, n_runs) + cost(m_new, len(held), calls(m_new))
+    if rebuild >= cost(m_stay, cells, calls(m_stay)):
+        return stay
+    return SpeculatorSync(q, len(held), tuple(held))

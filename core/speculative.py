@@ -9,8 +9,10 @@ the cells the draft's attention selected, and only the accepted new cells are
 committed to the target's sequence; the full cache is never touched.
 
 Bookkeeping: ``positions[i]`` is the target KV position of logical token i (-1
-when a sparse prefill dropped it); the draft holds every logical token at
-position i; ``pending`` are tokens the draft has not decoded yet.
+when a sparse prefill dropped it); the draft holds logical token i at position
+i, all of them or (mirroring the target, core.session_kv) the prompt tokens
+``held`` and everything after; ``pending`` are tokens the draft has not decoded
+yet.  Draft attention columns are its cells, in logical order.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from core.results import SpeculativeStats
 from core.specattn import SparseVerify, view_spans
 from core.steps import Turn
 
-DraftReady = Callable[[], tuple[list[int], int]]
+DraftReady = Callable[[], tuple[list[int], int, list[int]]]  # pending, their position, prompt tokens held
 
 
 @dataclass(slots=True)
@@ -59,7 +61,8 @@ class SpeculativeDecoder:
                  on_text: OnText | None = None, idx: int = -1) -> Turn[SpeculativeGeneration]:
         """Continue from the target logits in place (the prompt's last token is decoded).
         ``draft_ready`` brings the draft up to the prompt once the first token is out and
-        returns (the prompt tail it has not decoded, the position that tail goes to).
+        returns (the prompt tail it has not decoded, the position that tail goes to, the
+        logical indices of the prompt tokens before it that the draft holds).
         ``idx``: the batch index of the prompt's last logits."""
         stream = TextStream(self.target.model, params, on_text)
         stats, rng = SpeculativeStats(), np.random.default_rng(params.seed)
@@ -71,7 +74,9 @@ class SpeculativeDecoder:
         n_in_target = 0
         go = stream.push(tok)
         t_sync = time.perf_counter()
-        pending, draft_pos = draft_ready()
+        pending, draft_pos, held = draft_ready()
+        held_pos = [positions[i] for i in held]  # target positions of the draft's first cells
+        gap = draft_pos - len(held)  # prompt positions the draft holds no cell for
         t0 += time.perf_counter() - t_sync  # decode time excludes the draft's catch-up (reported apart)
         dpos, pending0 = draft_pos, list(pending)
         while go:
@@ -81,8 +86,9 @@ class SpeculativeDecoder:
                 break
             gamma = min(self.gamma, room)
             pending.append(tok)
-            rnd = self._draft(pending, dpos, gamma, params, rng, stats)
-            k, nxt = self._verify(tok, rnd, positions, tpos, params, rng, stats)
+            rnd = self._draft(pending, dpos, gap, gamma, params, rng, stats)
+            columns = held_pos + positions[draft_pos:] if gap else positions
+            k, nxt = self._verify(tok, rnd, positions, columns, tpos, params, rng, stats)
             self.target.remove_from(tpos + 1 + k)  # keep tok and the accepted drafts
             positions.extend(range(tpos, tpos + 1 + k))
             tpos += 1 + k
@@ -109,15 +115,17 @@ class SpeculativeDecoder:
             return int(np.argmax(logits))
         return sample(distribution(logits, params), rng)
 
-    def _draft(self, pending: list[int], dpos: int, gamma: int, params: SamplingParams,
+    def _draft(self, pending: list[int], dpos: int, gap: int, gamma: int, params: SamplingParams,
                rng: np.random.Generator, stats: SpeculativeStats) -> _Round:
+        """Draft ``gamma`` tokens from position ``dpos``; the draft holds ``gap`` fewer
+        cells than positions before it."""
         t0 = time.perf_counter()
         rnd = _Round([], [], [])
         capture = self.capture if self.sparse is not None else None
         toks, pos = pending, dpos
         for _ in range(gamma):
             if capture is not None:
-                capture.start(pos + len(toks))
+                capture.start(pos - gap + len(toks))
             self.draft.decode(toks, pos)
             if capture is not None:
                 rnd.steps.append(capture.stop())
@@ -133,16 +141,17 @@ class SpeculativeDecoder:
         stats.draft_s += time.perf_counter() - t0
         return rnd
 
-    def _verify(self, tok: int, rnd: _Round, positions: list[int], tpos: int, params: SamplingParams,
-                rng: np.random.Generator, stats: SpeculativeStats) -> tuple[int, int]:
+    def _verify(self, tok: int, rnd: _Round, positions: list[int], columns: list[int], tpos: int,
+                params: SamplingParams, rng: np.random.Generator, stats: SpeculativeStats) -> tuple[int, int]:
         """Decode [tok, *drafts] in one batch (through the view with SpecAttn) and accept
-        a prefix; only accepted cells stay in the target's sequence."""
+        a prefix; only accepted cells stay in the target's sequence.  ``columns[c]`` is
+        the target position of the token in the draft's cell c."""
         t0 = time.perf_counter()
         batch = [tok, *rnd.drafts]
         n_cells = sum(1 for p in positions if p >= 0)
         n_view = n_cells
         if self.sparse is not None and rnd.steps:
-            spans, n_view = view_spans(self.sparse, rnd.steps, positions, tpos)
+            spans, n_view = view_spans(self.sparse, rnd.steps, columns, tpos)
             self.target.make_view(spans)
             try:
                 self.target.decode(batch, tpos, logits_all=True, through_view=True)

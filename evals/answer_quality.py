@@ -26,7 +26,7 @@ from core.prompt import Prompt
 from core.results import Timings
 from core.scoring import importance
 from core.selection import select_tokens
-from core.session_kv import SeqState, SessionKV
+from core.session_kv import SessionKV
 from core.steps import drive
 from evals import tasks as eval_tasks
 from evals.scorer_adoption import adoption
@@ -104,7 +104,7 @@ def with_answer_prefix(engine: Engine, prompt: Prompt, prefix: str) -> Prompt:
 def capture(engine: Engine, tokens: tuple[int, ...]) -> tuple[list[np.ndarray], float]:
     engine.speculator_ctx.clear()
     t0 = time.perf_counter()
-    steps = drive(engine.capture_steps(SeqState(), tokens, 8, Timings()))
+    steps = drive(engine.capture_steps(SessionKV(), tokens, 8, Timings()))
     return steps, time.perf_counter() - t0
 
 

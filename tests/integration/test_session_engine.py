@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
+
 from core.chat import ChatTemplate
 from core.config import SamplingParams
-from core.session_kv import SessionKV, common_prefix
+from core.cost_model import PrefillCost
+from core.results import Timings
+from core.session_kv import SessionKV, cached_indices, common_prefix
+from core.steps import drive
 from tests.support import policy, with_sampling
 
 GREEDY = SamplingParams(max_tokens=6)
@@ -104,3 +111,57 @@ def test_saved_kv_restores_the_session(smol_engine):
     resumed = tiny_engine.run(prompt, with_sampling(KEEP_ALL, GREEDY), kv=kv_a)
     assert resumed.timings.cache_n > 0
     assert resumed.tokens == tiny_engine.run(prompt, with_sampling(KEEP_ALL, GREEDY)).tokens
+
+
+@contextlib.contextmanager
+def attention_bound_speculator(engine):
+    """Costs under which re-prefilling the target's cells always repays (attention dominant)."""
+    saved = engine.costs.speculator
+    engine.costs.speculator = PrefillCost(coef=np.array([1e-4, 1e-4, 0.0]))
+    try:
+        yield
+    finally:
+        engine.costs.speculator = saved
+
+
+def test_speculator_mirrors_the_sparse_target_before_scoring_a_long_delta(tiny_engine):
+    chat = ChatTemplate(tiny_engine.target)
+    kv = SessionKV()
+    tiny_engine.load_kv(None)
+    t1 = chat.render(conversation(1, [])[0])
+    r1 = tiny_engine.run(t1, with_sampling(SPARSE, GREEDY), kv=kv)
+    assert r1.timings.specprefill == "active" and r1.timings.speculator_mirrored_n == 0
+    held = cached_indices(kv.target)
+    assert len(held) < len(kv.target.tokens)  # the target dropped part of turn 1
+    t2 = chat.render(conversation(2, [r1.text])[1])
+    shared = common_prefix(kv.target.tokens, t2.tokens)
+    with attention_bound_speculator(tiny_engine):
+        r2 = tiny_engine.run(t2, with_sampling(SPARSE, GREEDY), kv=kv)
+    assert r2.timings.specprefill == "active"
+    history = [i for i in held if i < shared]
+    # the speculator re-prefilled exactly the target's cells of the shared history, then the rest
+    assert r2.timings.speculator_mirrored_n == len(history)
+    assert cached_indices(kv.speculator)[: len(history)] == history
+    assert cached_indices(kv.speculator)[len(history):] == list(range(shared, len(t2)))
+    assert kv.speculator.tokens == list(t2.tokens)
+    assert tiny_engine.speculator_ctx.seq(0).pos_max() == len(t2) - 1  # positions stay logical
+    assert r2.timings.speculator_prefill_n == len(history) + len(t2) - shared
+
+
+def test_captured_columns_map_to_logical_tokens_on_a_mirrored_speculator(tiny_engine):
+    chat = ChatTemplate(tiny_engine.target)
+    kv = SessionKV()
+    tiny_engine.load_kv(None)
+    t1 = chat.render(conversation(1, [])[0])
+    r1 = tiny_engine.run(t1, with_sampling(SPARSE, GREEDY), kv=kv)
+    tokens = chat.render(conversation(2, [r1.text])[1]).tokens
+    with attention_bound_speculator(tiny_engine):
+        steps = drive(tiny_engine.capture_steps(kv, tokens, 2, Timings()))
+    first = steps[0]
+    assert first.shape[2] == len(tokens)
+    dropped = [i for i, p in enumerate(kv.speculator.kv_pos) if p < 0]
+    assert dropped  # mirrored: the speculator holds no cell for these
+    assert not first[:, :, dropped].any()
+    held = cached_indices(kv.speculator)
+    assert (first[:, :, held].sum(axis=2) > 0.999).all()  # each head's softmax, all on held tokens
+    assert (first[:, :, held[-1]] > 0).all()

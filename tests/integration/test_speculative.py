@@ -5,6 +5,8 @@ never corrupt a session's caches."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -185,3 +187,36 @@ def test_low_p_verify_really_attends_through_the_view(smol_pair_engine):
     sparse = run(smol_pair_engine, STORY, policy(enabled=False, specattn=True, specattn_p=0.3), greedy)
     assert sparse.timings.speculative.selected_frac < 0.2
     assert sparse.tokens != dense.tokens
+
+
+@pytest.mark.parametrize("decoding", [SPECULATIVE, policy(enabled=False, specattn=True, specattn_p=1.0)],
+                         ids=["dense-verify", "specattn-p1"])
+def test_speculative_decoding_on_a_mirrored_draft_equals_plain_decoding(smol_pair_engine, decoding):
+    """After a sparse turn and a scored turn that rebuilt the draft as the target's mirror,
+    the draft holds fewer cells than positions: its attention columns must still map to the
+    right target cells (SpecAttn at p = 1 selects every one of them)."""
+    from core.cost_model import PrefillCost
+
+    e = smol_pair_engine
+    kv = SessionKV()
+    e.load_kv(None)
+    sparse = policy(min_tokens=0, break_even=False, mass=0.5, guard_user_tokens=16)
+    doc = " ".join(f"Entry {k}: the pump at site {k % 7} logged {k * 13 % 97} litres." for k in range(40))
+    msgs = [{"role": "user", "content": doc + " Which site logged most?"}]
+    r1 = run(e, msgs, sparse, SamplingParams(max_tokens=8), kv)
+    msgs += [{"role": "assistant", "content": r1.text}, {"role": "user", "content": doc + " And least?"}]
+    saved_cost, e.costs.speculator = e.costs.speculator, PrefillCost(coef=np.array([1e-4, 1e-4, 0.0]))
+    try:
+        r2 = run(e, msgs, sparse, SamplingParams(max_tokens=8), kv)
+    finally:
+        e.costs.speculator = saved_cost
+    assert r2.timings.speculator_mirrored_n > 0 and -1 in kv.speculator.kv_pos
+    msgs += [{"role": "assistant", "content": r2.text}, {"role": "user", "content": "Tell me a story about it."}]
+    blobs, kv_copy = e.save_kv(), SessionKV(copy.deepcopy(kv.target), copy.deepcopy(kv.speculator))
+    greedy = SamplingParams(max_tokens=40)
+    plain = run(e, msgs, PLAIN, greedy, kv_copy)
+    e.load_kv(blobs)
+    speculative = run(e, msgs, decoding, greedy, kv)
+    assert speculative.tokens == plain.tokens
+    t = speculative.timings.speculative
+    assert t.n_drafted > 0 and t.cells_attended == t.cells_total

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -6,6 +8,7 @@ from core.cost_model import Costs, PrefillCost, Work, estimate, features
 from core.guard import GuardVerdict, inspect, keyword_hits, scan_spans
 from core.planner import Status, plan
 from core.prompt import Prompt, Span
+from core.session_kv import SeqState, cached_indices, plan_speculator_sync
 
 CLEAR = GuardVerdict(False)
 def linear(per_token: float) -> PrefillCost:
@@ -170,3 +173,56 @@ def test_one_contended_measurement_does_not_teach_the_planner_that_scoring_is_de
     dirty.observe(2300, 0, 5, 3 * float(features(2300, 0, 5) @ truth))  # shared the cores with a build
     dirty.observe(1, 2300, 1, 6 * float(features(1, 2300, 1) @ truth))
     assert dirty.seconds(8000, 0, 16) == pytest.approx(clean.seconds(8000, 0, 16), rel=0.02)  # plain LSQ: 7.6% off
+
+
+# -- the speculator mirroring the target (core.session_kv.plan_speculator_sync) ----------
+
+def sparse_session(n_history: int, kept_every: int) -> tuple[SeqState, SeqState]:
+    """A session after one active turn: the speculator holds all ``n_history`` tokens, the
+    target every ``kept_every``-th one and the last 10 (the reply)."""
+    tokens = list(range(n_history))
+    spec, target = SeqState(), SeqState()
+    spec.extend(tokens, range(n_history))
+    target.extend(tokens, [i if i % kept_every == 0 or i >= n_history - 10 else -1 for i in tokens])
+    return spec, target
+
+
+def calls(m: int) -> int:
+    return max(1, -(-m // 512))
+
+
+ATTENTION = PrefillCost(coef=np.array([0.007, 1.5e-6, 0.0]))  # this machine's speculator, roughly
+
+
+def test_mirror_when_the_delta_would_attend_to_many_dropped_cells():
+    spec, target = sparse_session(3700, 8)
+    tokens = list(range(3700)) + [9] * 3500
+    sync = plan_speculator_sync(spec, target, tokens, ATTENTION.seconds, calls)
+    held = [i for i in range(3700) if i % 8 == 0 or i >= 3690]
+    assert sync.rebuild == tuple(held) and sync.start == 3700 and sync.cells == len(held)
+    # the estimate then charges the re-prefill of those cells, not the 3,700 dense ones
+    w = Work(n_select=3500, n_protected=0, target_cached=len(held), n_score=3501, speculator_cached=sync.cells,
+             lookahead=1, n_batch=512, compact=False, n_rebuild=sync.n_rebuild, rebuild_runs=2)
+    stay = replace(w, speculator_cached=3700, n_rebuild=0, rebuild_runs=0)
+    costs = Costs(target=ATTENTION, speculator=ATTENTION, speculator_step=linear(0.01))
+    assert estimate(w, costs).scoring_s < estimate(stay, costs).scoring_s
+
+
+def test_no_mirror_for_a_short_delta_or_a_dense_target_or_without_measurements():
+    spec, target = sparse_session(3700, 8)
+    short = plan_speculator_sync(spec, target, list(range(3700)) + [9] * 20, ATTENTION.seconds, calls)
+    assert short.rebuild is None and short.start == 3700 and short.cells == 3700  # re-prefill dearer
+    dense_spec, dense_target = sparse_session(3700, 1)
+    dense = plan_speculator_sync(dense_spec, dense_target, list(range(3700)) + [9] * 3500, ATTENTION.seconds, calls)
+    assert dense.rebuild is None
+    fresh = plan_speculator_sync(spec, target, list(range(3700)) + [9] * 3500, PrefillCost().seconds, calls)
+    assert fresh.rebuild is None
+
+
+def test_mirror_keeps_the_last_history_token_and_only_the_shared_prefix():
+    spec, target = sparse_session(3700, 8)
+    tokens = list(range(3000)) + [9] * 4000  # diverges inside the history
+    sync = plan_speculator_sync(spec, target, tokens, ATTENTION.seconds, calls)
+    assert sync.rebuild is not None and sync.start == 3000
+    assert 2999 not in cached_indices(target, 3000)  # dropped by the target, yet re-prefilled:
+    assert sync.rebuild[-1] == 2999 and all(i < 3000 for i in sync.rebuild)  # positions stay logical after it
