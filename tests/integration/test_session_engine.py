@@ -9,6 +9,7 @@ import numpy as np
 from core.chat import ChatTemplate
 from core.config import SamplingParams
 from core.cost_model import PrefillCost
+from core.prompt import Prompt
 from core.results import Timings
 from core.session_kv import SessionKV, cached_indices, common_prefix
 from core.steps import drive
@@ -124,16 +125,19 @@ def attention_bound_speculator(engine):
         engine.costs.speculator = saved
 
 
-def test_speculator_mirrors_the_sparse_target_before_scoring_a_long_delta(tiny_engine):
-    chat = ChatTemplate(tiny_engine.target)
-    kv = SessionKV()
-    tiny_engine.load_kv(None)
-    t1 = chat.render(conversation(1, [])[0])
-    r1 = tiny_engine.run(t1, with_sampling(SPARSE, GREEDY), kv=kv)
+def sparse_first_turn(engine) -> tuple[SessionKV, Prompt]:
+    """A fresh session after one sparse turn, and the next turn's prompt."""
+    chat, kv = ChatTemplate(engine.target), SessionKV()
+    engine.load_kv(None)
+    r1 = engine.run(chat.render(conversation(1, [])[0]), with_sampling(SPARSE, GREEDY), kv=kv)
     assert r1.timings.specprefill == "active" and r1.timings.speculator_mirrored_n == 0
+    assert cached_indices(kv.target) != list(range(len(kv.target.tokens)))  # the target dropped part of it
+    return kv, chat.render(conversation(2, [r1.text])[1])
+
+
+def test_speculator_mirrors_the_sparse_target_before_scoring_a_long_delta(tiny_engine):
+    kv, t2 = sparse_first_turn(tiny_engine)
     held = cached_indices(kv.target)
-    assert len(held) < len(kv.target.tokens)  # the target dropped part of turn 1
-    t2 = chat.render(conversation(2, [r1.text])[1])
     shared = common_prefix(kv.target.tokens, t2.tokens)
     with attention_bound_speculator(tiny_engine):
         r2 = tiny_engine.run(t2, with_sampling(SPARSE, GREEDY), kv=kv)
@@ -149,12 +153,8 @@ def test_speculator_mirrors_the_sparse_target_before_scoring_a_long_delta(tiny_e
 
 
 def test_captured_columns_map_to_logical_tokens_on_a_mirrored_speculator(tiny_engine):
-    chat = ChatTemplate(tiny_engine.target)
-    kv = SessionKV()
-    tiny_engine.load_kv(None)
-    t1 = chat.render(conversation(1, [])[0])
-    r1 = tiny_engine.run(t1, with_sampling(SPARSE, GREEDY), kv=kv)
-    tokens = chat.render(conversation(2, [r1.text])[1]).tokens
+    kv, prompt = sparse_first_turn(tiny_engine)
+    tokens = prompt.tokens
     with attention_bound_speculator(tiny_engine):
         steps = drive(tiny_engine.capture_steps(kv, tokens, 2, Timings()))
     first = steps[0]
