@@ -99,28 +99,28 @@ async def request(client: Any, messages: list[dict[str, Any]]) -> dict[str, Any]
 async def session(base: str, turns: list[dict[str, Any]], label: str, rows: list[dict[str, Any]]) -> None:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="bench", max_retries=0, timeout=3600,
-                                default_headers={"X-Session-Id": f"bench-{label}"})
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are an operations agent. Use the tools; answer briefly."}]
-    for i, turn in enumerate(turns):
-        messages += turn["append"]
-        progress(f"agent[{label}] turn {i + 1}/{len(turns)} ({turn['kind']})")
-        r = await request(client, messages)
-        row = {"turn": i + 1, "kind": turn["kind"], **r}
-        if turn["kind"] == "long":
-            row["correct"] = turn["expect"] in r["answer"]
-        else:
-            row.update(check_call(r["tool_calls"], turn["expect"]))
-        rows.append(row)
-        reply: dict[str, Any] = {"role": "assistant", "content": r["answer"] or None}
-        if r["tool_calls"]:
-            reply["tool_calls"] = [{"id": f"call_r{i}_{k}", "type": "function", "function": c}
-                                   for k, c in enumerate(r["tool_calls"])]
-        messages.append(reply if reply["content"] or r["tool_calls"] else {"role": "assistant", "content": ""})
-        status = (r["timings"] or {}).get("specprefill", "-")
-        progress(f"  ttft {r['ttft_s']:.1f}s status {status} answer {r['answer'].strip()[:24]!r} "
-                 f"calls {r['tool_calls']}")
+    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="bench", max_retries=0, timeout=3600,
+                                  default_headers={"X-Session-Id": f"bench-{label}"}) as client:
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are an operations agent. Use the tools; answer briefly."}]
+        for i, turn in enumerate(turns):
+            messages += turn["append"]
+            progress(f"agent[{label}] turn {i + 1}/{len(turns)} ({turn['kind']})")
+            r = await request(client, messages)
+            row = {"turn": i + 1, "kind": turn["kind"], **r}
+            if turn["kind"] == "long":
+                row["correct"] = turn["expect"] in r["answer"]
+            else:
+                row.update(check_call(r["tool_calls"], turn["expect"]))
+            rows.append(row)
+            reply: dict[str, Any] = {"role": "assistant", "content": r["answer"] or None}
+            if r["tool_calls"]:
+                reply["tool_calls"] = [{"id": f"call_r{i}_{k}", "type": "function", "function": c}
+                                       for k, c in enumerate(r["tool_calls"])]
+            messages.append(reply if reply["content"] or r["tool_calls"] else {"role": "assistant", "content": ""})
+            status = (r["timings"] or {}).get("specprefill", "-")
+            progress(f"  ttft {r['ttft_s']:.1f}s status {status} answer {r['answer'].strip()[:24]!r} "
+                     f"calls {r['tool_calls']}")
 
 
 def run_arm(arm: str, engine: EngineConfig, turns: list[dict[str, Any]], logs: Path) -> dict[str, Any]:

@@ -65,25 +65,26 @@ async def one_session(base: str, label: str, system: str, script: list[list[dict
                       rows: list[dict[str, Any]]) -> None:
     import openai
 
-    client: Any = openai.AsyncOpenAI(base_url=base + "/v1", api_key="bench", max_retries=0, timeout=7200,
-                                     default_headers={"X-Session-Id": label})
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
-    for k, append in enumerate(script):
-        messages += append
-        sent = time.perf_counter()
-        arrivals: list[float] = []
-        text = ""
-        stream = await client.chat.completions.create(model="bench", messages=messages, tools=AGENT_TOOLS,
-                                                      max_tokens=max_tokens, temperature=0, stream=True)
-        async for chunk in stream:
-            for choice in chunk.choices:
-                piece = choice.delta.content or ""
-                if piece or choice.delta.tool_calls:
-                    arrivals.append(time.perf_counter())
-                text += piece
-        rows.append({"session": label, "turn": k + 1, "sent": sent, "arrivals": arrivals,
-                     "ttft_s": (arrivals[0] - sent) if arrivals else None, "answer": text})
-        messages.append({"role": "assistant", "content": text or ""})
+    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="bench", max_retries=0, timeout=7200,
+                                  default_headers={"X-Session-Id": label}) as typed_client:
+        client: Any = typed_client  # the messages are plain dicts, as agent frameworks send them
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        for k, append in enumerate(script):
+            messages += append
+            sent = time.perf_counter()
+            arrivals: list[float] = []
+            text = ""
+            stream = await client.chat.completions.create(model="bench", messages=messages, tools=AGENT_TOOLS,
+                                                          max_tokens=max_tokens, temperature=0, stream=True)
+            async for chunk in stream:
+                for choice in chunk.choices:
+                    piece = choice.delta.content or ""
+                    if piece or choice.delta.tool_calls:
+                        arrivals.append(time.perf_counter())
+                    text += piece
+            rows.append({"session": label, "turn": k + 1, "sent": sent, "arrivals": arrivals,
+                         "ttft_s": (arrivals[0] - sent) if arrivals else None, "answer": text})
+            messages.append({"role": "assistant", "content": text or ""})
 
 
 def union_s(windows: list[tuple[float, float]]) -> float:
