@@ -73,17 +73,19 @@ async def one_session(base: str, label: str, system: str, script: list[list[dict
             messages += append
             sent = time.perf_counter()
             arrivals: list[float] = []
-            text = ""
+            text, timings = "", None
             stream = await client.chat.completions.create(model="bench", messages=messages, tools=AGENT_TOOLS,
                                                           max_tokens=max_tokens, temperature=0, stream=True)
             async for chunk in stream:
+                timings = (chunk.model_extra or {}).get("timings", timings)  # SpecGate's, on its last chunk
                 for choice in chunk.choices:
                     piece = choice.delta.content or ""
                     if piece or choice.delta.tool_calls:
                         arrivals.append(time.perf_counter())
                     text += piece
+            reuse = {key: (timings or {}).get(key) for key in ("context_n", "cache_n", "kv_rebuilt", "prefix_shared_n")}
             rows.append({"session": label, "turn": k + 1, "sent": sent, "arrivals": arrivals,
-                         "ttft_s": (arrivals[0] - sent) if arrivals else None, "answer": text})
+                         "ttft_s": (arrivals[0] - sent) if arrivals else None, "answer": text, **reuse})
             messages.append({"role": "assistant", "content": text or ""})
 
 
@@ -106,6 +108,19 @@ def itl_during_prefill(rows: list[dict[str, Any]]) -> tuple[list[float], list[fl
             if any(s != r["session"] and p0 < b and a < p1 for s, p0, p1 in prefills):
                 during.append(b - a)
     return gaps, during
+
+
+def kv_reuse(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """From SpecGate's timings (None for a server that reports none): sessions whose KV was
+    dropped and rebuilt, later turns that re-prefilled their whole history, and first
+    turns that started from another session's cached system prompt."""
+    if not any(r.get("context_n") for r in rows):
+        return {"kv_rebuilds": None, "full_reprefills": None, "prefix_hits": None}
+    later = [r for r in rows if r["turn"] > 1 and r.get("context_n")]
+    first = [r for r in rows if r["turn"] == 1 and r.get("context_n")]
+    return {"kv_rebuilds": sum(bool(r.get("kv_rebuilt")) for r in rows),
+            "full_reprefills": sum(not r.get("cache_n") for r in later),
+            "prefix_hits": sum(bool(r.get("prefix_shared_n")) for r in first)}
 
 
 def peak_rss_mb(pid: int) -> float | None:
@@ -159,7 +174,7 @@ def _level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs:
             "itl_p50_s": round(statistics.median(gaps), 3) if gaps else None,
             "itl_p95_s": round(percentile(gaps, 0.95), 3) if gaps else None,
             "itl_p95_during_prefill_s": round(percentile(during, 0.95), 3) if during else None,
-            "n_itl_during_prefill": len(during), "peak_rss_mb": rss,
+            "n_itl_during_prefill": len(during), "peak_rss_mb": rss, **kv_reuse(rows),
             "rows": [{k: v for k, v in r.items() if k != "arrivals"} | {"n_tokens": len(r["arrivals"])}
                      for r in rows]}
 

@@ -72,3 +72,15 @@ def test_scorer_arms_always_include_today_and_speedups_compare_to_it():
     assert s["speedup"] == {scorers.TODAY: 1.25, "target-early:9/filter-sum": 2.0}
     assert s["beats_today"] == {"target-early:9/filter-sum": True}
     assert s["correct"]["target-early:9/filter-sum"] is False
+
+
+def test_concurrency_counts_rebuilds_full_reprefills_and_prefix_hits():
+    from bench.concurrency import kv_reuse
+
+    rows = [{"turn": 1, "context_n": 1200, "cache_n": 0, "kv_rebuilt": False, "prefix_shared_n": 1000},
+            {"turn": 1, "context_n": 1200, "cache_n": 0, "kv_rebuilt": False, "prefix_shared_n": 0},
+            {"turn": 2, "context_n": 1600, "cache_n": 1230, "kv_rebuilt": False, "prefix_shared_n": 0},
+            {"turn": 2, "context_n": 1600, "cache_n": 0, "kv_rebuilt": True, "prefix_shared_n": 0}]
+    assert kv_reuse(rows) == {"kv_rebuilds": 1, "full_reprefills": 1, "prefix_hits": 1}
+    assert kv_reuse([{"turn": 1, "context_n": None}]) == {"kv_rebuilds": None, "full_reprefills": None,
+                                                          "prefix_hits": None}
