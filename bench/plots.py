@@ -170,10 +170,11 @@ def concurrency(rows: list[dict[str, Any]], out: Path) -> None:
     for arm in dict.fromkeys(r["arm"] for r in rows):
         mine = [r for r in rows if r["arm"] == arm and "error" not in r]
         n = [r["sessions"] for r in mine]
-        a.plot(n, [r["decode_tok_s"] or 0 for r in mine], "o-", label=arm)
-        b.plot(n, [r["ttft_p95_s"] for r in mine], "o-", label=arm)
+        line, = a.plot(n, [r["decode_tok_s"] or 0 for r in mine], "o-", label=arm)
+        b.plot(n, [r["ttft_p95_s"] for r in mine], "o-", color=line.get_color(), label=f"{arm} p95")
+        b.plot(n, [r["ttft_p50_s"] for r in mine], "s--", color=line.get_color(), label=f"{arm} p50")
     a.set_ylabel("aggregate decode tokens/s")
-    b.set_ylabel("p95 TTFT (s)")
+    b.set_ylabel("TTFT (s): p95 solid, p50 dashed")
     for ax in (a, b):
         ax.set_xlabel("concurrent agent sessions")
         ax.grid(alpha=0.3)
