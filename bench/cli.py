@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results/bench", help="results folder")
     parser.add_argument("--arms", help="multi_turn or concurrency arms to (re)run, comma-separated (default: all)")
     parser.add_argument("--sessions", help="concurrency levels, comma-separated (default: 1,2,4,8,12; quick 1,2,4)")
+    parser.add_argument("--stagger", action="store_true",
+                        help="concurrency: one session runs alone first, then the others start together")
     parser.add_argument("--scorers", default="", help="scorers: the arms besides today's, as scorer/agg, e.g. "
                         "target-early:9/filter-sum,speculator-early:8/max")
     parser.add_argument("--target", default=None)
@@ -103,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
         if set(arms) - set(concurrency.ARMS):
             raise ConfigError(f"unknown arm(s); known: {', '.join(concurrency.ARMS)}")
         levels = tuple(int(x) for x in args.sessions.split(",")) if args.sessions else None
-        rows = concurrency.run(engine, args.quick, out / f"concurrency{suffix}.json", arms, levels)
-        plots.concurrency(rows, out / f"concurrency{suffix}.png")
+        name = f"concurrency{'_stagger' if args.stagger else ''}{suffix}"
+        rows = concurrency.run(engine, args.quick, out / f"{name}.json", arms, levels, args.stagger)
+        plots.concurrency(rows, out / f"{name}.png")
         summaries["concurrency"] = [{k: v for k, v in r.items() if k != "rows"} for r in rows]
     if "scorers" in chosen:
         from bench import scorers

@@ -25,6 +25,7 @@ import asyncio
 import random
 import statistics
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,11 @@ def turns(session: int, n_turns: int, tool_tokens: int, null_ok: bool = True) ->
 
 
 async def one_session(base: str, label: str, system: str, script: list[list[dict[str, Any]]], max_tokens: int,
-                      rows: list[dict[str, Any]]) -> None:
+                      rows: list[dict[str, Any]], start: asyncio.Event | None = None) -> None:
     import openai
+
+    if start is not None:
+        await start.wait()
 
     async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="bench", max_retries=0, timeout=7200,
                                   default_headers={"X-Session-Id": label}) as typed_client:
@@ -155,9 +159,20 @@ def _level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs:
         progress(f"concurrency[{arm}] {n} sessions")
 
         async def all_sessions() -> None:
-            await asyncio.gather(*(one_session(base, f"{arm}-{n}-{i}", system,
-                                               turns(i, params["turns"], params["tool_tokens"], null_ok=bool(slots)),
-                                               params["max_tokens"], rows) for i in range(n)))
+            # staggered: one agent runs its whole session first, then the others start together
+            # (and may start from its KV for the system prompt they share)
+            lead_done = asyncio.Event() if params.get("stagger") else None
+
+            def agent(i: int, start: asyncio.Event | None = None) -> Coroutine[Any, Any, None]:
+                script = turns(i, params["turns"], params["tool_tokens"], null_ok=bool(slots))
+                return one_session(base, f"{arm}-{n}-{i}", system, script, params["max_tokens"], rows, start)
+
+            async def lead() -> None:
+                await agent(0)
+                if lead_done is not None:
+                    lead_done.set()
+
+            await asyncio.gather(lead(), *(agent(i, lead_done) for i in range(1, n)))
 
         t0 = time.perf_counter()
         asyncio.run(all_sessions())
@@ -180,9 +195,11 @@ def _level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs:
 
 
 def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = ARMS,
-        levels: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
-    params = ({"system_tokens": 1000, "turns": 3, "tool_tokens": 300, "max_tokens": 32} if quick else
-              {"system_tokens": 1500, "turns": 6, "tool_tokens": 1000, "max_tokens": 64})
+        levels: tuple[int, ...] | None = None, stagger: bool = False) -> list[dict[str, Any]]:
+    params: dict[str, Any] = ({"system_tokens": 1000, "turns": 3, "tool_tokens": 300, "max_tokens": 32} if quick else
+                              {"system_tokens": 1500, "turns": 6, "tool_tokens": 1000, "max_tokens": 64})
+    if stagger:
+        params["stagger"] = True
     levels = levels or ((1, 2, 4) if quick else (1, 2, 4, 8, 12))
     engine = EngineConfig(target=engine.target, speculator=engine.speculator, n_threads=engine.n_threads,
                           n_ctx=4096 if quick else 8192)
