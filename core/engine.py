@@ -197,21 +197,22 @@ class Engine:
         return max(1, -(-n // self.config.n_batch))
 
     def plan(self, prompt: Prompt, policy: PrefillPolicy, kv: SessionKV | None = None,
-             costs: Costs | None = None) -> planner.Plan:
+             costs: Costs | None = None, sync: SpeculatorSync | None = None) -> planner.Plan:
         """The planner's decision for ``prompt`` against a session's caches (none: fresh),
-        with the engine's measured costs unless others are given."""
+        with the engine's measured costs unless others are given, and the speculator
+        reaching the prompt as ``sync`` says (else as :meth:`speculator_sync` decides)."""
         kv = kv or SessionKV()
         n = len(prompt)
         q = min(common_prefix(kv.target.tokens, prompt.tokens), n - 1)
-        sync = self.speculator_sync(kv, prompt.tokens[:-1])
+        sync = sync or self.speculator_sync(kv, prompt.tokens[:-1])
         scanned = "".join(self.target.detokenize(prompt.tokens[a:b], special=True)
                           for a, b in tool_guard.scan_spans(prompt, policy.guard_scan_tokens))
         verdict = tool_guard.inspect(prompt, scanned, policy)
         protected = int(forced_mask(n - q, 0, 0, [(a - q, b - q) for a, b in verdict.spans if b > q]).sum())
-        work = Work(n_select=n - q, n_protected=protected, target_cached=sum(1 for x in kv.target.kv_pos[:q] if x >= 0),
+        work = Work(n_select=n - q, n_protected=protected, target_cached=len(cached_indices(kv.target, q)),
                     n_score=n - sync.start, speculator_cached=sync.cells, lookahead=policy.lookahead,
                     n_batch=self.config.n_batch, compact=policy.position_mode == "compact",
-                    n_rebuild=sync.n_rebuild, rebuild_runs=len(runs(np.asarray(sync.rebuild or ()))))
+                    n_rebuild=sync.n_rebuild, rebuild_runs=sync.rebuild_runs)
         return planner.plan(work, policy, verdict, costs or self.costs)
 
     def speculator_sync(self, kv: SessionKV, tokens: Sequence[int]) -> SpeculatorSync:
@@ -220,14 +221,14 @@ class Engine:
         return plan_speculator_sync(kv.speculator, kv.target, tokens, self.costs.speculator.seconds, self._calls)
 
     def score(self, kv: SessionKV, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings,
-              slot: int = 0) -> Turn[np.ndarray]:
+              slot: int = 0, sync: SpeculatorSync | None = None) -> Turn[np.ndarray]:
         """Per-token importance over all of ``tokens`` (see :meth:`capture_steps`)."""
-        steps = yield from self.capture_steps(kv, tokens, policy.lookahead, t, slot)
+        steps = yield from self.capture_steps(kv, tokens, policy.lookahead, t, slot, sync)
         return importance(steps, len(tokens), policy.pool_kernel, policy.boost_first_n, policy.boost_first_mult,
                           policy.boost_last_n, policy.boost_last_mult, policy.score_agg)
 
     def capture_steps(self, kv_all: SessionKV, tokens: tuple[int, ...], lookahead: int, t: Timings,
-                      slot: int = 0) -> Turn[list[np.ndarray]]:
+                      slot: int = 0, sync: SpeculatorSync | None = None) -> Turn[list[np.ndarray]]:
         """Prefill the speculator's missing tokens without capture (a request to the step
         loop), then capture the last prompt token's row and ``lookahead`` greedy steps:
         [n_layer, n_head, n] each, one column per logical token (zero where the speculator
@@ -235,7 +236,8 @@ class Engine:
         hook must see this sequence's row alone."""
         seq, n, kv = self.speculator_ctx.seq(slot), len(tokens), kv_all.speculator
         t0 = time.perf_counter()
-        base = yield from self._sync_speculator(seq, kv, tokens[:-1], t, self.speculator_sync(kv_all, tokens[:-1]))
+        sync = sync or self.speculator_sync(kv_all, tokens[:-1])
+        base = yield from self._sync_speculator(seq, kv, tokens[:-1], t, sync)
         t1 = time.perf_counter()
         columns = np.asarray(cached_indices(kv) + [n - 1])  # cell i holds logical token columns[i]
         steps = []
@@ -338,11 +340,12 @@ class Engine:
         delta = tokens[q:]
         t = Timings(position_mode=policy.position_mode, context_n=n, cache_n=q,
                     speculator_cache_n=p)
-        decision = self.plan(prompt, policy, kv)
+        sync = self.speculator_sync(kv, tokens[:-1])  # decided once: the plan and the scoring agree
+        decision = self.plan(prompt, policy, kv, sync=sync)
         t.specprefill, t.specprefill_reason = decision.status.value, decision.reason
         kept = np.arange(len(delta))
         if decision.score:
-            scores = (yield from self.score(kv, tokens, policy, t, slot))[q:]
+            scores = (yield from self.score(kv, tokens, policy, t, slot, sync))[q:]
             protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
             kept = select_tokens(scores, policy.selection, protected)
             t.scoring_ms = (time.perf_counter() - t_start) * 1e3

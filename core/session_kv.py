@@ -17,6 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from core.selection import runs
+
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
@@ -99,6 +103,7 @@ class SpeculatorSync:
     start: int  # first logical token prefilled densely
     cells: int  # cells attended before that prefill
     rebuild: tuple[int, ...] | None = None
+    rebuild_runs: int = 0  # the contiguous runs ``rebuild`` forms (one prefill call each)
 
     @property
     def n_rebuild(self) -> int:
@@ -110,7 +115,7 @@ def plan_speculator_sync(spec: SeqState, target: SeqState, tokens: Sequence[int]
     """Rebuild the speculator as the target's mirror only when the new tokens' cheaper
     attention (fewer cells) repays re-prefilling the target's cells, by ``cost``."""
     keep = common_prefix(spec.tokens, tokens)
-    cells = sum(1 for p in spec.kv_pos[:keep] if p >= 0)
+    cells = len(cached_indices(spec, keep))
     stay = SpeculatorSync(keep, cells)
     q = common_prefix(target.tokens, tokens)
     if not any(spec.kv_pos[i] >= 0 > target.kv_pos[i] for i in range(min(keep, q))):
@@ -118,9 +123,9 @@ def plan_speculator_sync(spec: SeqState, target: SeqState, tokens: Sequence[int]
     held = cached_indices(target, q)
     if held[-1:] != [q - 1]:
         held.append(q - 1)  # the last history token keeps logical positions contiguous after it
-    n_runs = sum(1 for k, i in enumerate(held) if k == 0 or held[k - 1] != i - 1)
+    n_runs = len(runs(np.asarray(held)))
     m_stay, m_new = len(tokens) - keep, len(tokens) - q
     rebuild = cost(len(held), 0, n_runs) + cost(m_new, len(held), calls(m_new))
     if rebuild >= cost(m_stay, cells, calls(m_stay)):
         return stay
-    return SpeculatorSync(q, len(held), tuple(held))
+    return SpeculatorSync(q, len(held), tuple(held), n_runs)
