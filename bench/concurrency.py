@@ -16,7 +16,8 @@ framework's instructions), and each turn appends a question, the assistant's
 Arms: SpecGate with resident slots and the step loop (``--slots N``), SpecGate
 serialized (``--slots 1``: one turn at a time, as before the step loop), and
 ``llama_cpp.server`` with the same ``n_threads`` (it serves one request at a
-time).
+time), and llama.cpp's own ``llama-server -np N`` (N slots, continuous
+batching, its RAM prompt cache) built by ``ops/build_llama_server.sh``.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ from typing import Any
 import orjson
 
 from bench.common import free_port, progress, write_result
-from bench.serving import llama_server_cmd, percentile, server, specgate_cmd
+from bench.serving import llama_server_cmd, native_server_cmd, percentile, server, specgate_cmd
 from bench.textgen import AGENT_TOOLS, WORDS_PER_TOKEN, filler
 from core.config import EngineConfig
 
-ARMS = ("specgate_slots", "specgate_serial", "llama_cpp_server")
+REUSE_KEYS = ("context_n", "cache_n", "kv_rebuilt", "prefix_shared_n", "prefix_built_n")
+ARMS = ("specgate_slots", "specgate_serial", "llama_cpp_server", "llama_server")
 
 
 def system_prompt(tokens: int) -> str:
@@ -87,7 +89,7 @@ async def one_session(base: str, label: str, system: str, script: list[list[dict
                     if piece or choice.delta.tool_calls:
                         arrivals.append(time.perf_counter())
                     text += piece
-            reuse = {key: (timings or {}).get(key) for key in ("context_n", "cache_n", "kv_rebuilt", "prefix_shared_n")}
+            reuse = {key: (timings or {}).get(key) for key in REUSE_KEYS}
             rows.append({"session": label, "turn": k + 1, "sent": sent, "arrivals": arrivals,
                          "ttft_s": (arrivals[0] - sent) if arrivals else None, "answer": text, **reuse})
             messages.append({"role": "assistant", "content": text or ""})
@@ -151,8 +153,12 @@ def level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs: 
 def _level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs: Path) -> dict[str, Any]:
     port, pids = free_port(), list[int]()
     slots = {"specgate_slots": max(n, 1), "specgate_serial": 1}.get(arm)
-    cmd = (specgate_cmd(port, engine, slots=slots, n_threads=engine.n_threads, max_queue=256)
-           if slots else llama_server_cmd(port, engine, cache=False))
+    if slots:
+        cmd = specgate_cmd(port, engine, slots=slots, n_threads=engine.n_threads, max_queue=256)
+    elif arm == "llama_server":
+        cmd = native_server_cmd(port, engine, max(n, 1))
+    else:
+        cmd = llama_server_cmd(port, engine, cache=False)
     system = system_prompt(params["system_tokens"])
     rows: list[dict[str, Any]] = []
     with server(cmd, port, logs / f"concurrency_{arm}_{n}.log", pids) as base:
@@ -164,7 +170,7 @@ def _level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs:
             lead_done = asyncio.Event() if params.get("stagger") else None
 
             def agent(i: int, start: asyncio.Event | None = None) -> Coroutine[Any, Any, None]:
-                script = turns(i, params["turns"], params["tool_tokens"], null_ok=bool(slots))
+                script = turns(i, params["turns"], params["tool_tokens"], null_ok=arm != "llama_cpp_server")
                 return one_session(base, f"{arm}-{n}-{i}", system, script, params["max_tokens"], rows, start)
 
             async def lead() -> None:

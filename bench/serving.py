@@ -73,6 +73,22 @@ def llama_server_cmd(port: int, engine: EngineConfig, cache: bool) -> list[str]:
             "--host", "127.0.0.1"]
 
 
+LLAMA_SERVER = Path(os.environ.get("SPECGATE_LLAMA_SERVER_DIR", Path.home() / ".cache/specgate/llama-server")) / \
+    "bin/llama-server"
+
+
+def native_server_cmd(port: int, engine: EngineConfig, slots: int, cache_ram_mb: int = 2048) -> list[str]:
+    """llama.cpp's own server (``bash ops/build_llama_server.sh`` builds it from the sources
+    llama-cpp-python vendors): ``slots`` parallel slots of ``n_ctx`` tokens each, continuous
+    batching, its jinja chat template (tools), and its RAM prompt cache at SpecGate's KV budget."""
+    if not LLAMA_SERVER.exists():
+        raise RuntimeError(f"{LLAMA_SERVER} is missing: run bash ops/build_llama_server.sh")
+    threads = str(engine.n_threads)
+    return [str(LLAMA_SERVER), "-m", engine.target, "-np", str(slots), "-c", str(slots * engine.n_ctx),
+            "-t", threads, "-tb", threads, "-fa", "on", "--jinja", "--no-webui", "--cache-ram", str(cache_ram_mb),
+            "--host", "127.0.0.1", "--port", str(port)]
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     k = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))

@@ -42,6 +42,7 @@ HELP = {
     "specattn_p": "SpecAttn: attention mass the verify view keeps (top-p)",
     "redis_url": "redis://host:port/db for session metadata (empty = in-process store)",
     "kv_budget_mb": "RAM budget for saved session KV; LRU sessions are evicted past it",
+    "prefix_min_tokens": "cache the KV of system prompts this long for new sessions of the same key (0 = off)",
     "kv_spill_dir": "spill evicted session KV here instead of dropping it",
     "max_queue": "queued requests before 429",
     "auto_create_sessions": "create a session on the first chat request that names an unknown X-Session-Id",

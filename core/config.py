@@ -251,6 +251,7 @@ class GatewayConfig:
     session_ttl_s: int = 86400
     auto_create_sessions: bool = True  # an unknown X-Session-Id on a chat request creates the session
     kv_budget_mb: int = 2048
+    prefix_min_tokens: int = 256  # a system prompt this long is cached for new sessions (0 = no prefix cache)
     kv_spill_dir: str = ""
     max_queue: int = 64
     max_body_mb: int = 16
@@ -268,6 +269,7 @@ class GatewayConfig:
         _require(0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port}")
         _require(self.session_ttl_s >= 1, "session_ttl_s must be >= 1")
         _require(self.kv_budget_mb >= 0, "kv_budget_mb must be >= 0")
+        _require(self.prefix_min_tokens >= 0, "prefix_min_tokens must be >= 0")
         _require(self.max_queue >= 1, "max_queue must be >= 1")
         _require(self.max_body_mb >= 1, "max_body_mb must be >= 1")
         _one_of("log_level", self.log_level, ("debug", "info", "warning", "error"))

@@ -159,6 +159,23 @@ class Engine:
                 adopted = n
         return adopted
 
+    def prefill_prefix(self, tokens: tuple[int, ...], kv: SessionKV, slot: int) -> Turn[tuple[bytes, bytes]]:
+        """Prefill ``tokens`` densely into the empty ``slot`` in both models (requests to the
+        step loop), and return both sequences' state: a shared prefix's cache entry."""
+        for ctx, state, cost in ((self.target_ctx, kv.target, self.costs.target),
+                                 (self.speculator_ctx, kv.speculator, self.costs.speculator)):
+            t0 = time.perf_counter()
+            yield Tokens(ctx.seq(slot), tokens, 0, logits=False)
+            cost.observe(len(tokens), 0, self._calls(len(tokens)), time.perf_counter() - t0)
+            state.extend(tokens, range(len(tokens)))
+        return self.save_kv(slot)
+
+    def restore_prefix(self, blobs: tuple[bytes, bytes], tokens: tuple[int, ...], kv: SessionKV, slot: int) -> None:
+        """Start the empty ``slot`` from a shared prefix's state (:meth:`prefill_prefix`)."""
+        self.load_kv(blobs, slot)
+        for state in (kv.target, kv.speculator):
+            state.extend(tokens, range(len(tokens)))
+
     # -- measurement --------------------------------------------------------
     def calibrate(self, n_tokens: int) -> None:
         """Seed the cost functions: both models' prefill of ``n_tokens`` and the speculator's

@@ -65,7 +65,8 @@ class Timings:
     predicted_n: int = 0
     predicted_ms: float = 0.0
     kv_rebuilt: bool = False  # the session's KV was dropped and rebuilt from its tokens
-    prefix_shared_n: int = 0  # target tokens this session started from another resident session's KV
+    prefix_shared_n: int = 0  # target tokens this session started from a shared prefix (cache or resident session)
+    prefix_built_n: int = 0  # system-prompt tokens this turn prefilled into the prefix cache
     decode_mode: str = DecodeMode.PLAIN.value
     draft_sync_ms: float = 0.0  # bringing the draft up to the prompt before speculating
     speculative: SpeculativeStats = field(default_factory=SpeculativeStats)
@@ -93,7 +94,8 @@ class Timings:
             "ttft_ms": round(self.ttft_ms, 2), "predicted_n": self.predicted_n,
             "predicted_ms": round(self.predicted_ms, 2),
             "predicted_per_second": _per_second(self.predicted_n, self.predicted_ms),
-            "kv_rebuilt": self.kv_rebuilt, "prefix_shared_n": self.prefix_shared_n, "decode_mode": self.decode_mode,
+            "kv_rebuilt": self.kv_rebuilt, "prefix_shared_n": self.prefix_shared_n,
+            "prefix_built_n": self.prefix_built_n, "decode_mode": self.decode_mode,
         }
         if self.decode_mode != DecodeMode.PLAIN:
             s = self.speculative

@@ -18,8 +18,9 @@ no turn streaming, a chunk is a whole ``n_batch`` (full speed).  The chunk goes
 to the prefill with the fewest tokens left: a short prompt is not stuck behind
 a long one, and equal prompts finish one after another instead of all late.
 
-A turn whose ``abort`` says so is cancelled before its next prefill chunk
-(:class:`TurnCancelled`).
+A turn that yields a :class:`Wait` sits out the batches until it is ready.  A
+turn whose ``abort`` says so is cancelled before its next prefill chunk, or
+while it waits (:class:`TurnCancelled`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 from core.errors import TurnCancelled
 from core.llama_bindings import Context
-from core.steps import Tokens, Turn
+from core.steps import Tokens, Turn, Wait
 
 
 @dataclass(slots=True, eq=False)
@@ -42,13 +43,17 @@ class Job:
     turn: Turn[Any]
     future: concurrent.futures.Future[Any]
     abort: Callable[[], bool] | None = None
-    request: Tokens | None = None  # what it waits for; None: resume it at the next step
+    request: Tokens | Wait | None = None  # what it waits for; None: resume it at the next step
     done: int = 0  # tokens of ``request`` already decoded
     last_chunk: int = -1  # the step that last gave it a prefill chunk
 
     @property
     def remaining(self) -> int:
-        return len(self.request.tokens) - self.done if self.request is not None else 0
+        return len(self.request.tokens) - self.done if isinstance(self.request, Tokens) else 0
+
+    @property
+    def aborted(self) -> bool:
+        return self.abort is not None and self.abort()
 
 
 @dataclass(slots=True)
@@ -81,16 +86,21 @@ class StepLoop:
     def step(self) -> None:
         t0 = time.perf_counter()
         self.stats.steps += 1
-        for job in [j for j in self.jobs if j.request is None]:
-            self._resume(job, None)
+        for job in [j for j in self.jobs if not isinstance(j.request, Tokens)]:
+            wait = job.request
+            if isinstance(wait, Wait) and job.aborted:
+                self._throw(job, TurnCancelled("the turn was cancelled while it waited"))
+            elif not isinstance(wait, Wait) or wait.ready():
+                self._resume(job, None)
+        requests = {j: j.request for j in self.jobs if isinstance(j.request, Tokens)}
         contexts: list[Context] = []
-        for job in self.jobs:
-            if job.request is not None and job.request.seq.ctx not in contexts:
-                contexts.append(job.request.seq.ctx)
+        for req in requests.values():
+            if req.seq.ctx not in contexts:
+                contexts.append(req.seq.ctx)
         # while some turn waits for its next token, prefill gets step_tokens (0: none) a step
         streaming = any(j.remaining == 1 or j.request is None for j in self.jobs)
         for ctx in contexts:
-            self._batch(ctx, [j for j in self.jobs if j.request is not None and j.request.seq.ctx is ctx],
+            self._batch(ctx, [j for j, req in requests.items() if req.seq.ctx is ctx],
                         self.step_tokens if streaming else ctx.n_batch)
         self.stats.busy_s += time.perf_counter() - t0
 
@@ -100,7 +110,7 @@ class StepLoop:
         chunk: tuple[Job, int] | None = None
         room = min(chunk_tokens, ctx.n_batch - len(decoding))
         for job in sorted(prefilling, key=lambda j: (j.remaining, j.last_chunk)):
-            if job.abort is not None and job.abort():
+            if job.aborted:
                 self._throw(job, TurnCancelled("the turn was cancelled during prefill"))
                 continue
             if chunk is None and room > 0:
@@ -113,7 +123,7 @@ class StepLoop:
         rows = []
         for job, n in parts:
             req = job.request
-            assert req is not None
+            assert isinstance(req, Tokens)
             final = job.done + n == len(req.tokens)
             rows.append((req.seq.id, req.tokens[job.done: job.done + n], req.start_pos + job.done,
                          req.logits and final))

@@ -5,7 +5,10 @@ Whenever it needs tokens decoded into one of its sequences it yields a
 :class:`Tokens` request and is resumed with the batch index of the request's
 last token (whose logits it may then sample).  Everything else it does inline.
 A bare ``yield None`` just gives the other turns a step (a turn that decodes
-unbatched, e.g. speculative decoding, yields so between rounds).
+unbatched, e.g. speculative decoding, yields so between rounds).  A
+:class:`Wait` sets the turn aside until another turn has made something ready
+(a shared prefix being built); a waiting turn is not streaming, so it never
+holds a prefill back.
 
 :func:`drive` runs one turn by itself, each request as its own decode; the step
 loop (core.step_loop) runs many, batching their requests.
@@ -13,9 +16,11 @@ loop (core.step_loop) runs many, batching their requests.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
+
+from core.errors import EngineError
 
 if TYPE_CHECKING:  # pure: the unit tests import this without llama.cpp
     from core.llama_bindings import Seq
@@ -34,7 +39,14 @@ class Tokens:
     logits: bool = True
 
 
-Turn = Generator["Tokens | None", "int | None", R]
+@dataclass(slots=True)
+class Wait:
+    """Resume the turn once ``ready()`` is true."""
+
+    ready: Callable[[], bool]
+
+
+Turn = Generator["Tokens | Wait | None", "int | None", R]
 
 
 def drive(turn: Turn[R]) -> R:
@@ -46,6 +58,9 @@ def drive(turn: Turn[R]) -> R:
         except StopIteration as stop:
             return stop.value
         reply = None
-        if req is not None:
+        if isinstance(req, Wait):
+            if not req.ready():  # nothing else runs here that could make it ready
+                raise EngineError("a turn running alone waits on another turn")
+        elif req is not None:
             req.seq.decode(req.tokens, req.start_pos, logits_last=req.logits)
             reply = -1

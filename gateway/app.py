@@ -116,7 +116,7 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
     parked = ParkedKV(cfg.kv_budget_mb << 20, cfg.kv_spill_dir or None, model_fingerprint(config),
                       cfg.kv_spill_max_mb << 20)
     manager = SessionManager(app[keys.WORKER], app[keys.STORE], parked, scheduler, app[keys.WRITER],
-                             cfg.limits, cfg.session_ttl_s, app[keys.REGISTRY])
+                             cfg.limits, cfg.session_ttl_s, app[keys.REGISTRY], cfg.prefix_min_tokens)
     runner = TurnRunner(manager, app[keys.METRICS], cfg.auto_create_sessions)
     app[keys.SCHEDULER], app[keys.PARKED], app[keys.MANAGER], app[keys.RUNNER] = scheduler, parked, manager, runner
     live = app[keys.METRICS].live
@@ -138,10 +138,14 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
     live.counters.update({
         "specgate_kv_evictions": ("Parked KV evicted from RAM.", lambda: parked.evictions),
         "specgate_steps": ("Steps of the model thread's loop.", lambda: app[keys.WORKER].stats.steps),
-        "specgate_prefix_lookups": ("Sessions that started without KV and looked for a shared prefix.",
-                                    lambda: manager.prefix_lookups),
-        "specgate_prefix_hits": ("Sessions that started from another resident session's prefix KV.",
-                                 lambda: manager.prefix_hits),
+        "specgate_prefix_hits": ("Sessions that started from a cached system prompt.",
+                                 lambda: manager.prefixes.hits),
+        "specgate_prefix_misses": ("System prompts prefilled into the prefix cache.",
+                                   lambda: manager.prefixes.misses),
+        "specgate_prefix_waits": ("Sessions that waited for another turn to cache their system prompt.",
+                                  lambda: manager.prefixes.waits),
+        "specgate_prefix_adopted": ("Sessions that started from an idle resident session's prefix KV.",
+                                    lambda: manager.prefixes.adopted),
         "specgate_step_batches": ("Batches decoded by the step loop.", lambda: app[keys.WORKER].stats.batches),
         "specgate_step_batch_rows": ("Decoding turns' tokens over all batches (divide by batches: mean batch).",
                                      lambda: app[keys.WORKER].stats.batch_rows),

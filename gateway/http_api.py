@@ -45,7 +45,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     runner = app[keys.RUNNER]
     session = await runner.session_for(request[OWNER], req.session_id)
     log.info("request_start", stream=req.stream, n_messages=len(req.messages), tools=bool(req.tools))
-    turn = runner.start(req, session)  # 409, 429 and 503 are answered here, before any stream starts
+    turn = runner.start(req, session, request[OWNER])  # 409, 429 and 503 are answered here, before any stream starts
     model = config.gateway.model_name
     if req.stream:
         return await stream_turn(request, turn, model)

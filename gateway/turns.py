@@ -31,6 +31,7 @@ class Turn:
 
     request: ChatRequest
     session: Session | None
+    owner: str  # the API key's owner id: whose shared prefixes the turn may start from
     cancel: threading.Event = field(default_factory=threading.Event)
     queue: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[TurnResult] | None = None
@@ -77,12 +78,12 @@ class TurnRunner:
             return await self.manager.get_or_create(owner, session_id)
         return await self.manager.get(owner, session_id)
 
-    def start(self, request: ChatRequest, session: Session | None) -> Turn:
+    def start(self, request: ChatRequest, session: Session | None, owner: str) -> Turn:
         """Claim the session and queue the turn; raises (409, 503, 429) before anything runs."""
         if self.draining:
             raise ShuttingDown("the server is shutting down; retry on another replica")
         self.manager.scheduler.admit()
-        turn = Turn(request, session)
+        turn = Turn(request, session, owner)
         if session is not None:
             self.manager.claim(session, turn.cancel)
         loop = asyncio.get_running_loop()
@@ -110,7 +111,7 @@ class TurnRunner:
         t0 = time.perf_counter()
         try:
             outcome = await self.manager.run_turn(turn.session, render, turn.request.params, on_text, key,
-                                                 turn.cancel)
+                                                 turn.cancel, turn.owner)
         except asyncio.CancelledError:
             self.metrics.turn_ended("cancelled")
             raise

@@ -79,7 +79,7 @@ def start_turn(request: web.Request, session: Session, event: dict[str, Any]) ->
     config = request.app[keys.CONFIG]
     req = protocol.parse_chat(body, request.app[keys.DEFAULTS], session.id, config.gateway.limits,
                               config.engine.n_ctx)
-    return request.app[keys.RUNNER].start(req, session)
+    return request.app[keys.RUNNER].start(req, session, session.owner)
 
 
 async def stream_turn(ws: web.WebSocketResponse, turn: Turn) -> None:

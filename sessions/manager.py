@@ -41,12 +41,14 @@ from core.errors import (
     TurnCancelled,
 )
 from core.prompt import Prompt
+from core.results import Timings
 from core.session_kv import SessionKV, dense_prefix
-from core.steps import Turn
+from core.steps import Turn, Wait
 from core.worker import ModelWorker
 from sessions.ids import check_id, session_key
 from sessions.metadata import MetadataStore
 from sessions.parked_kv import ParkedKV
+from sessions.prefix_cache import PrefixCache
 from sessions.registry import LocalRegistry, Registry
 from sessions.scheduler import FairScheduler
 from sessions.slots import Seat, SlotTable
@@ -133,10 +135,29 @@ class TurnOutcome:
     evicted: list[str]  # keys of sessions whose parked KV was evicted to make room for this turn
 
 
+@dataclass(slots=True)
+class PrefixStart:
+    """How a session without KV started: tokens restored or adopted, or built for the cache."""
+
+    shared: int = 0
+    built: int = 0
+    seconds: float = 0.0  # restoring, waiting for or building the prefix (part of the TTFT)
+    evicted: list[str] = field(default_factory=list)
+
+    def account(self, t: Timings) -> None:
+        """The engine counts a built prefix as cached (it found it in the slot): it was prefilled."""
+        t.prefix_shared_n, t.prefix_built_n = self.shared, self.built
+        t.cache_n -= self.built
+        t.speculator_cache_n -= self.built
+        t.prompt_n += self.built
+        t.speculator_prefill_n += self.built
+        t.ttft_ms += self.seconds * 1e3
+
+
 class SessionManager:
     def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV, scheduler: FairScheduler,
                  writer: StoreWriter, limits: Limits = DEFAULT_LIMITS, ttl_s: float = 86400,
-                 registry: Registry | None = None) -> None:
+                 registry: Registry | None = None, prefix_min_tokens: int = 256) -> None:
         self.worker = worker
         self.store = store
         self.parked = parked
@@ -147,7 +168,7 @@ class SessionManager:
         self.registry: Registry = registry or LocalRegistry()
         self._sessions: dict[str, Session] = {}
         self.slots = SlotTable(worker.config.slots)  # model thread only
-        self.prefix_lookups = self.prefix_hits = 0  # sessions that started without KV / that adopted a prefix
+        self.prefixes = PrefixCache(parked, prefix_min_tokens)  # model thread only
 
     @property
     def live(self) -> int:
@@ -293,11 +314,11 @@ class SessionManager:
         session.cancel = None
 
     async def run_turn(self, session: Session | None, render: Render, params: TurnParams,
-                       on_text: OnText | None, key: str, cancel: threading.Event) -> TurnOutcome:
+                       on_text: OnText | None, key: str, cancel: threading.Event, owner: str) -> TurnOutcome:
         """``session`` must have been :meth:`claim`-ed; ``cancel`` stops prefill between batches."""
         if session is None:
             return await self.scheduler.submit(key, lambda: self.worker.turn(
-                lambda engine: self._stateless(engine, render, params, on_text, cancel), cancel.is_set))
+                lambda engine: self._stateless(engine, owner, render, params, on_text, cancel), cancel.is_set))
         outcome: TurnOutcome = await self.scheduler.submit(session.key, lambda: self.worker.turn(
             lambda engine: self._session_turn(engine, session, render, params, on_text, cancel), cancel.is_set))
         self._record(session, outcome)
@@ -332,7 +353,7 @@ class SessionManager:
             log.info("session_kv_evicted", session_key=key, spilled=self.parked.where(key) == "disk")
         return evicted
 
-    def _stateless(self, engine: Engine, render: Render, params: TurnParams,
+    def _stateless(self, engine: Engine, owner: str, render: Render, params: TurnParams,
                    on_text: OnText | None, cancel: threading.Event) -> Turn[TurnOutcome]:
         if cancel.is_set():
             raise TurnCancelled("the client left before the turn started")
@@ -340,10 +361,15 @@ class SessionManager:
         engine.check_prompt(prompt)  # before another session's KV is disturbed
         seat = self.slots.seat(object())
         evicted = self._park(engine, seat)
+        kv, start = SessionKV(), PrefixStart()
         try:
-            result = yield from engine.turn(prompt, params, on_text, slot=seat.slot)
+            engine.load_kv(None, seat.slot)
+            start = yield from self._start_from_prefix(engine, owner, kv, prompt, seat.slot)
+            evicted += start.evicted
+            result = yield from engine.turn(prompt, params, on_text, kv=kv, slot=seat.slot)
         finally:
             self.slots.release(seat.slot, keep=False)
+        start.account(result.timings)
         return TurnOutcome(result, evicted)
 
     def _session_turn(self, engine: Engine, session: Session, render: Render, params: TurnParams,
@@ -354,7 +380,7 @@ class SessionManager:
         engine.check_prompt(prompt)  # a bad prompt must not cost the session its cache
         seat = self.slots.seat(session)
         evicted = self._park(engine, seat)
-        rebuilt, shared = False, 0
+        rebuilt, start = False, PrefixStart()
         try:
             if seat.fresh:
                 blobs = self.parked.take(session.key)
@@ -366,7 +392,8 @@ class SessionManager:
                     log.info("session_kv_rebuild", session_id=session.id)
                 engine.load_kv(blobs, seat.slot)
                 if blobs is None:
-                    shared = self._share_prefix(engine, session, prompt.tokens, seat.slot)
+                    start = yield from self._start_from_prefix(engine, session.owner, session.kv, prompt, seat.slot)
+                    evicted += start.evicted
             result = yield from engine.turn(prompt, params, on_text, kv=session.kv, slot=seat.slot)
         except BaseException:
             # never leave bookkeeping that disagrees with the caches: the next turn rebuilds
@@ -375,23 +402,49 @@ class SessionManager:
             raise
         finally:
             self.slots.release(seat.slot)
-        result.timings.kv_rebuilt, result.timings.prefix_shared_n = rebuilt, shared
+        result.timings.kv_rebuilt = rebuilt
+        start.account(result.timings)
         return TurnOutcome(result, evicted)
 
-    def _share_prefix(self, engine: Engine, session: Session, tokens: tuple[int, ...], slot: int) -> int:
-        """Start a session without KV from the idle resident session of the same owner that
-        shares the longest prefix with its prompt (the framework's system prompt and tools)."""
+    def _start_from_prefix(self, engine: Engine, owner: str, kv: SessionKV, prompt: Prompt,
+                           slot: int) -> Turn[PrefixStart]:
+        """Start ``kv`` (empty, in ``slot``) from a shared prefix (sessions.prefix_cache):
+        restore the owner's cached system prompt, wait while another turn builds it, or build
+        it; with none, adopt from an idle resident session of the same owner."""
+        t0, n = time.perf_counter(), self.prefixes.end(prompt)
+        if not n:
+            return PrefixStart(shared=self._share_prefix(engine, owner, kv, prompt.tokens, slot))
+        key = self.prefixes.key(owner, prompt.tokens[:n])
+        if self.prefixes.building(key):
+            self.prefixes.waits += 1
+            yield Wait(lambda: not self.prefixes.building(key))
+        if (blobs := self.prefixes.get(key)) is not None:
+            engine.restore_prefix(blobs, prompt.tokens[:n], kv, slot)
+            self.prefixes.hits += 1
+            return PrefixStart(shared=n, seconds=time.perf_counter() - t0)
+        self.prefixes.misses += 1
+        self.prefixes.begin(key)
+        blobs = None
+        try:
+            blobs = yield from engine.prefill_prefix(prompt.tokens[:n], kv, slot)
+        finally:
+            evicted = self.prefixes.finish(key, blobs)
+        log.info("prefix_cached", tokens=n)
+        return PrefixStart(built=n, seconds=time.perf_counter() - t0, evicted=evicted)
+
+    def _share_prefix(self, engine: Engine, owner: str, kv: SessionKV, tokens: tuple[int, ...], slot: int) -> int:
+        """Start ``kv`` from the idle resident session of the same owner that shares the
+        longest prefix with its prompt (the framework's system prompt and tools)."""
         best, best_n = None, 0
         for donor_slot, holder in self.slots.idle():
-            if isinstance(holder, Session) and holder.owner == session.owner and holder is not session:
+            if isinstance(holder, Session) and holder.owner == owner:
                 n = dense_prefix(holder.kv.target, tokens)
                 if n > best_n:
                     best, best_n = (donor_slot, holder), n
-        self.prefix_lookups += 1
         if best is None:
             return 0
-        shared = engine.adopt_prefix(tokens, session.kv, slot, best[1].kv, best[0])
+        shared = engine.adopt_prefix(tokens, kv, slot, best[1].kv, best[0])
         if shared:
-            self.prefix_hits += 1
-            log.info("session_prefix_shared", session_id=session.id, tokens=shared, donor_slot=best[0])
+            self.prefixes.adopted += 1
+            log.info("session_prefix_shared", session_id=best[1].id, tokens=shared, donor_slot=best[0])
         return shared

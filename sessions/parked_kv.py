@@ -74,6 +74,7 @@ class ParkedKV:
         self.fingerprint = hashlib.sha256(fingerprint).digest()
         self._ram: OrderedDict[str, Blobs] = OrderedDict()
         self._disk: OrderedDict[str, int] = OrderedDict()  # key -> file bytes, oldest first
+        self._no_spill: set[str] = set()
         self._lock = threading.Lock()
         self.bytes_in_ram = 0
         self.evictions = 0
@@ -102,11 +103,14 @@ class ParkedKV:
             return None
         return self.spill_dir / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.kv"
 
-    def put(self, key: str, blobs: Blobs) -> list[str]:
-        """Store a session's KV; returns the sessions evicted from RAM to make room."""
+    def put(self, key: str, blobs: Blobs, spill: bool = True) -> list[str]:
+        """Store a session's KV; returns the keys evicted from RAM to make room.  ``spill=False``:
+        dropped, never spilled, when evicted (KV that is cheaper to build again than to keep)."""
         with self._lock:
             self._pop(key)
             self._ram[key] = blobs
+            if not spill:
+                self._no_spill.add(key)
             self.bytes_in_ram += _size(blobs)
             victims = []
             while self.bytes_in_ram > self.budget and self._ram:
@@ -114,7 +118,9 @@ class ParkedKV:
                 self.bytes_in_ram -= _size(victim_blobs)
                 victims.append((victim, victim_blobs))
             self.evictions += len(victims)
-        for victim, victim_blobs in victims:
+            spills = [(v, b) for v, b in victims if v not in self._no_spill]
+            self._no_spill.difference_update(v for v, _ in victims)
+        for victim, victim_blobs in spills:
             self._spill(victim, victim_blobs)
         return [v for v, _ in victims]
 
@@ -140,6 +146,14 @@ class ParkedKV:
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
 
+    def peek(self, key: str) -> Blobs | None:
+        """A key's KV if it is in RAM, left there as the most recently used."""
+        with self._lock:
+            blobs = self._ram.get(key)
+            if blobs is not None:
+                self._ram.move_to_end(key)
+            return blobs
+
     def discard(self, key: str) -> None:
         with self._lock:
             self._pop(key)
@@ -154,6 +168,7 @@ class ParkedKV:
         return "disk" if key in self._disk else "none"
 
     def _pop(self, key: str) -> Blobs | None:
+        self._no_spill.discard(key)
         blobs = self._ram.pop(key, None)
         if blobs is not None:
             self.bytes_in_ram -= _size(blobs)

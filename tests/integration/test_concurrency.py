@@ -108,27 +108,78 @@ SYSTEM = ("You are the dispatcher of a harbour. Rules: answer in one short sente
           "never invent cargo. " * 6)
 
 
-def test_sessions_that_share_only_a_prefix_get_exactly_their_own_continuations(small_model):
-    """A new session starts from a resident session's KV for the system prompt they share,
-    and answers exactly as a fresh request with its own messages does."""
-    server = start_gateway(small_model, small_model, engine={"slots": 3})
-    try:
-        def turn(sid: str | None, question: str) -> dict:
-            headers = {"X-Session-Id": sid} if sid else {}
-            return httpx.post(server.base + "/v1/chat/completions", headers=headers, timeout=120, json={
-                "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-                "max_tokens": 16}).json()
+def harbour_turn(base: str, sid: str | None, question: str, key: str | None = None) -> dict:
+    headers = {"X-Session-Id": sid} if sid else {}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    resp = httpx.post(base + "/v1/chat/completions", headers=headers, timeout=120, json={
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        "max_tokens": 16})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
 
-        a = turn("pa", "Which ship carries the salt?")
-        b = turn("pb", "Which berth is free tonight?")
-        assert a["timings"]["prefix_shared_n"] == 0
-        shared = b["timings"]["prefix_shared_n"]
-        assert shared > 50 and b["timings"]["cache_n"] == shared  # the system prompt was not prefilled again
-        assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == shared
-        for reply, question in ((a, "Which ship carries the salt?"), (b, "Which berth is free tonight?")):
-            fresh = turn(None, question)
-            assert reply["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
-        metrics = httpx.get(server.base + "/metrics").text
-        assert "specgate_prefix_hits_total 1.0" in metrics
+
+QUESTIONS = ("Which ship carries the salt?", "Which berth is free tonight?", "Who pilots the ferry?")
+
+
+@pytest.fixture(scope="module")
+def harbour(small_model):
+    """A gateway without the prefix cache, and each question's reply from a fresh context:
+    asked before any session exists, so there is nothing to adopt."""
+    server = start_gateway(small_model, small_model, engine={"slots": 3}, prefix_min_tokens=0)
+    fresh = {q: harbour_turn(server.base, None, q)["choices"][0]["message"]["content"] for q in QUESTIONS}
+    yield server, fresh
+    server.stop()
+
+
+def test_sessions_that_share_only_a_prefix_get_exactly_their_own_continuations(harbour):
+    """Without the prefix cache, a new session starts from a resident session's KV for the
+    system prompt they share, and answers exactly as a fresh request with its own messages does."""
+    server, fresh = harbour
+    a = harbour_turn(server.base, "pa", QUESTIONS[0])
+    b = harbour_turn(server.base, "pb", QUESTIONS[1])
+    assert a["timings"]["prefix_shared_n"] == 0
+    shared = b["timings"]["prefix_shared_n"]
+    assert shared > 50 and b["timings"]["cache_n"] == shared  # the system prompt was not prefilled again
+    assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == shared
+    for reply, question in ((a, QUESTIONS[0]), (b, QUESTIONS[1])):
+        assert reply["choices"][0]["message"]["content"] == fresh[question]
+    metrics = httpx.get(server.base + "/metrics").text
+    assert "specgate_prefix_adopted_total 1.0" in metrics and "specgate_prefix_misses_total 0.0" in metrics
+
+
+def test_sessions_that_start_together_prefill_their_shared_system_prompt_once(small_model, harbour):
+    """Three sessions of one key start at once: one turn prefills the system prompt into the
+    prefix cache, the others restore it (waiting while it is built), every reply equals a
+    fresh context's, and so does a stateless request's that starts from the cache; a second
+    key with the same system prompt never gets the first key's KV."""
+    fresh = harbour[1]
+    server = start_gateway(small_model, small_model, engine={"slots": 4}, prefix_min_tokens=64,
+                           api_keys=("key-a", "key-b"))
+    try:
+        replies: dict[str, dict] = {}
+        threads = [threading.Thread(target=lambda q=q: replies.__setitem__(q, harbour_turn(
+            server.base, f"s-{QUESTIONS.index(q)}", q, "key-a"))) for q in QUESTIONS]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        built = [r["timings"]["prefix_built_n"] for r in replies.values()]
+        shared = [r["timings"]["prefix_shared_n"] for r in replies.values()]
+        n = max(built)
+        assert n > 64 and sorted(built) == [0, 0, n] and sorted(shared) == [0, n, n]
+        for question, reply in replies.items():
+            t = reply["timings"]
+            assert t["cache_n"] == t["prefix_shared_n"]  # the builder prefilled it: nothing was cached for it
+            assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == t["prefix_shared_n"]
+            assert reply["choices"][0]["message"]["content"] == fresh[question]
+        stateless = harbour_turn(server.base, None, QUESTIONS[2], "key-a")
+        assert stateless["timings"]["prefix_shared_n"] == n and stateless["timings"]["cache_n"] == n
+        assert stateless["choices"][0]["message"]["content"] == fresh[QUESTIONS[2]]
+        other = harbour_turn(server.base, "s-0", QUESTIONS[0], "key-b")  # same id and prompt, other key
+        assert other["timings"]["prefix_built_n"] == n and other["timings"]["cache_n"] == 0
+        assert other["choices"][0]["message"]["content"] == fresh[QUESTIONS[0]]
+        metrics = httpx.get(server.base + "/metrics", headers={"Authorization": "Bearer key-a"}).text
+        assert "specgate_prefix_hits_total 3.0" in metrics and "specgate_prefix_misses_total 2.0" in metrics
     finally:
         server.stop()

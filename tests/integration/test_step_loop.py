@@ -15,6 +15,7 @@ from core.config import SamplingParams
 from core.engine import Engine
 from core.errors import TurnCancelled
 from core.step_loop import Job, StepLoop
+from core.steps import Wait
 from tests.support import engine_config, policy, with_sampling
 
 QUESTIONS = ("Name three primary colours.", "What is the capital of France?",
@@ -98,3 +99,49 @@ def test_decode_first_holds_prefill_while_turns_decode(slots_engine):
     futures = run_together(e, loop, [(e.turn(short, PARAMS, slot=0), None), (e.turn(long_, PARAMS, slot=1), None)])
     assert [f.result().tokens for f in futures] == [e.run(p, PARAMS, slot=2).tokens for p in (short, long_)]
     assert loop.stats.chunk_stalls == 0  # no step carried both a decoding turn and a prefill chunk
+
+
+def test_a_waiting_turn_resumes_when_ready_and_never_holds_prefill_back(slots_engine):
+    """Decode first (step_tokens=0): a turn that waits is not streaming, so the turn it
+    waits for still gets its prefill; it resumes after, and gets its solo tokens."""
+    e = slots_engine
+    first, second = prompt(e, QUESTIONS[0]), prompt(e, QUESTIONS[1])
+    done: list[str] = []
+
+    def builder():
+        result = yield from e.turn(first, PARAMS, slot=0)
+        done.append("builder")
+        return result
+
+    def waiter():
+        yield Wait(lambda: "builder" in done)
+        done.append("waiter")
+        return (yield from e.turn(second, PARAMS, slot=1))
+
+    loop = StepLoop(step_tokens=0)
+    futures = run_together(e, loop, [(waiter(), None), (builder(), None)])
+    assert done == ["builder", "waiter"]
+    assert [f.result().tokens for f in futures] == [e.run(p, PARAMS, slot=2).tokens for p in (second, first)]
+
+
+def test_a_waiting_turn_whose_client_left_is_cancelled(slots_engine):
+    e = slots_engine
+
+    def waiter():
+        yield Wait(lambda: False)
+        raise AssertionError("resumed although never ready")
+
+    loop = StepLoop(step_tokens=0)
+    gone = {"now": False}
+    other = prompt(e, QUESTIONS[2])
+
+    def turn_then_leave():
+        result = yield from e.turn(other, PARAMS, slot=0)
+        gone["now"] = True
+        return result
+
+    futures = run_together(e, loop, [(waiter(), lambda: gone["now"]), (turn_then_leave(), None)])
+    with pytest.raises(TurnCancelled):
+        futures[0].result()
+    assert futures[1].result().tokens == e.run(other, PARAMS, slot=1).tokens
+    assert not loop.busy

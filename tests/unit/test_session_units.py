@@ -7,8 +7,10 @@ import asyncio
 import pytest
 
 from core.errors import QueueFull, StoreUnavailable
+from core.prompt import Prompt, Span
 from sessions.metadata import MemoryStore, RedisStore
 from sessions.parked_kv import ParkedKV
+from sessions.prefix_cache import PrefixCache, prefix_end
 from sessions.scheduler import FairScheduler
 
 
@@ -33,6 +35,47 @@ def test_parked_kv_spills_to_disk(tmp_path):
     assert kv.where("a") == "none"
     kv.discard("b")
     assert kv.bytes_in_ram == 0
+
+
+def test_a_prefix_is_peeked_as_most_recently_used_and_dropped_not_spilled(tmp_path):
+    kv = ParkedKV(budget_bytes=20, spill_dir=str(tmp_path))
+    kv.put("prefix", (b"p" * 8, b""), spill=False)
+    kv.put("a", (b"a" * 8, b""))
+    assert kv.peek("prefix") == (b"p" * 8, b"") and kv.where("prefix") == "ram"  # peeking keeps it
+    assert kv.put("b", (b"b" * 8, b"")) == ["a"]  # the peek made the prefix the most recently used
+    assert kv.put("c", (b"c" * 8, b"")) == ["prefix"]
+    assert kv.where("prefix") == "none" and kv.where("a") == "disk"  # a prefix is built again, not spilled
+    assert kv.peek("a") is None  # peek never reads a session's spill file
+
+
+def prompt_with_system(n_system: int, n_total: int) -> Prompt:
+    spans = (Span("system", 0, n_system), Span("user", n_system, n_total))
+    return Prompt(tuple(range(n_total)), spans)
+
+
+def test_the_shareable_prefix_is_the_leading_system_message_when_long_enough():
+    assert prefix_end(prompt_with_system(300, 400), 256) == 300
+    assert prefix_end(prompt_with_system(200, 400), 256) == 0  # too short to be worth a cache entry
+    assert prefix_end(prompt_with_system(400, 400), 256) == 0  # nothing follows it: no turn to start
+    assert prefix_end(Prompt(tuple(range(400)), (Span("user", 0, 400),)), 1) == 0
+    assert prefix_end(Prompt(tuple(range(400))), 1) == 0  # a raw prompt has no spans
+
+
+def test_prefix_keys_are_the_owner_and_the_exact_tokens():
+    key = PrefixCache.key
+    assert key("a", [1, 2, 3]) == key("a", (1, 2, 3))
+    assert len({key("a", [1, 2, 3]), key("b", [1, 2, 3]), key("a", [1, 2, 4]), key("a", [1, 2])}) == 4
+    assert key("a", [1, 2, 3]).startswith("\0")  # never a session key ("owner:id")
+
+
+def test_a_failed_build_leaves_no_entry_and_a_finished_one_is_kept():
+    cache = PrefixCache(ParkedKV(budget_bytes=100), min_tokens=4)
+    cache.begin("k")
+    assert cache.building("k") and cache.get("k") is None
+    assert cache.finish("k", None) == [] and not cache.building("k") and cache.get("k") is None
+    cache.begin("k")
+    cache.finish("k", (b"t", b"s"))
+    assert cache.get("k") == (b"t", b"s")
 
 
 async def test_scheduler_round_robin_and_bound():

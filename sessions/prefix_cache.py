@@ -1,0 +1,73 @@
+"""Shared prefixes: the KV of the system prompts (with their tool definitions) that
+new sessions start from.
+
+Agents of one framework open every session with the same system prompt and tools,
+often thousands of tokens.  The first turn that needs a prefix prefills it densely
+in both models and keeps both sequences' state here; every later session of the
+same owner restores it instead of prefilling it again.  Turns that arrive while it
+is being built wait for it rather than build it too, so sessions that all start at
+once prefill it once.
+
+Entries are keyed by the owner and the exact token sequence: a session restores
+only tokens its own prompt carries, and never another key's.  Their bytes live in
+:class:`ParkedKV` beside the parked sessions, under the same RAM budget and LRU
+order; an evicted entry is dropped (not spilled) and simply built again.  Model
+thread only, like the slot table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from core.prompt import Prompt
+from sessions.parked_kv import Blobs, ParkedKV
+
+KEY_MARK = "\0prefix:"  # no session key starts with a NUL: the two never collide in ParkedKV
+
+
+def prefix_end(prompt: Prompt, min_tokens: int) -> int:
+    """Where the prompt's shareable prefix ends: after its leading system message (the
+    template puts the tools there too), if that holds at least ``min_tokens`` tokens and
+    something follows it; else 0 (nothing worth sharing)."""
+    if not prompt.spans or prompt.spans[0].role != "system":
+        return 0
+    end = prompt.spans[0].end
+    return end if min_tokens <= end < len(prompt) else 0
+
+
+class PrefixCache:
+    def __init__(self, parked: ParkedKV, min_tokens: int) -> None:
+        self.parked = parked
+        self.min_tokens = min_tokens  # 0: off
+        self._building: set[str] = set()
+        # restored / built / waited for another turn's build / adopted from a resident session
+        self.hits = self.misses = self.waits = self.adopted = 0
+
+    @staticmethod
+    def key(owner: str, tokens: Sequence[int]) -> str:
+        h = hashlib.sha256(owner.encode())
+        h.update(b"\0")
+        h.update(np.asarray(tokens, dtype="<i4").tobytes())
+        return f"{KEY_MARK}{len(tokens)}:{h.hexdigest()}"
+
+    def end(self, prompt: Prompt) -> int:
+        return prefix_end(prompt, self.min_tokens) if self.min_tokens else 0
+
+    def building(self, key: str) -> bool:
+        return key in self._building
+
+    def get(self, key: str) -> Blobs | None:
+        return self.parked.peek(key)
+
+    def begin(self, key: str) -> None:
+        """This turn builds ``key``; others that need it wait (see :meth:`building`)."""
+        self._building.add(key)
+
+    def finish(self, key: str, blobs: Blobs | None) -> list[str]:
+        """The build ended: keep its state (None: it failed, the next turn builds it).
+        Returns the parked sessions evicted to make room."""
+        self._building.discard(key)
+        return self.parked.put(key, blobs, spill=False) if blobs is not None else []
