@@ -16,7 +16,7 @@ from core.config import EngineConfig, PrefillPolicy, build
 from core.errors import ConfigError
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
-             "scorers")
+             "long_prefill", "scorers")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes: a few minutes in all")
     parser.add_argument("--lengths", help="first_turn, planner and scorers prompt lengths, comma-separated tokens")
     parser.add_argument("--out", default="results/bench", help="results folder")
-    parser.add_argument("--arms", help="multi_turn or concurrency arms to (re)run, comma-separated (default: all)")
+    parser.add_argument("--arms", help="multi_turn, concurrency or long_prefill arms to (re)run, comma-separated "
+                        "(default: all)")
     parser.add_argument("--sessions", help="concurrency levels, comma-separated (default: 1,2,4,8,12; quick 1,2,4)")
     parser.add_argument("--stagger", action="store_true",
                         help="concurrency: one session runs alone first, then the others start together")
@@ -109,6 +110,15 @@ def run(args: argparse.Namespace) -> int:
         rows = concurrency.run(engine, args.quick, out / f"{name}.json", arms, levels, args.stagger)
         plots.concurrency(rows, out / f"{name}.png")
         summaries["concurrency"] = [{k: v for k, v in r.items() if k != "rows"} for r in rows]
+    if "long_prefill" in chosen:
+        from bench import long_prefill
+
+        arms = tuple(args.arms.split(",")) if args.arms else long_prefill.ARMS
+        if set(arms) - set(long_prefill.ARMS):
+            raise ConfigError(f"unknown arm(s); known: {', '.join(long_prefill.ARMS)}")
+        results = long_prefill.run(engine, args.quick, out / f"long_prefill{suffix}.json", arms)
+        plots.long_prefill(results, out / f"long_prefill{suffix}.png")
+        summaries["long_prefill"] = results
     if "scorers" in chosen:
         from bench import scorers
 

@@ -13,11 +13,12 @@ framework's instructions), and each turn appends a question, the assistant's
   prefilling (between its request and its first token), next to the solo ITL;
 * wall time, and the server's peak RSS (VmHWM).
 
-Arms: SpecGate with resident slots and the step loop (``--slots N``), SpecGate
-serialized (``--slots 1``: one turn at a time, as before the step loop), and
-``llama_cpp.server`` with the same ``n_threads`` (it serves one request at a
-time), and llama.cpp's own ``llama-server -np N`` (N slots, continuous
-batching, its RAM prompt cache) built by ``ops/build_llama_server.sh``.
+Arms: SpecGate with resident slots and the step loop (``--slots N``); the same
+without the prefix cache (``--prefix-min-tokens 0``); SpecGate serialized
+(``--slots 1``: one turn at a time, as before the step loop);
+``llama_cpp.server`` with the same ``n_threads`` (one request at a time); and
+llama.cpp's own ``llama-server -np N`` (N slots, continuous batching, its RAM
+prompt cache), built by ``ops/build_llama_server.sh``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from bench.textgen import AGENT_TOOLS, WORDS_PER_TOKEN, filler
 from core.config import EngineConfig
 
 REUSE_KEYS = ("context_n", "cache_n", "kv_rebuilt", "prefix_shared_n", "prefix_built_n")
-ARMS = ("specgate_slots", "specgate_serial", "llama_cpp_server", "llama_server")
+ARMS = ("specgate_slots", "specgate_noprefix", "specgate_serial", "llama_cpp_server", "llama_server")
 
 
 def system_prompt(tokens: int) -> str:
@@ -64,35 +65,43 @@ def turns(session: int, n_turns: int, tool_tokens: int, null_ok: bool = True) ->
     return out
 
 
-async def one_session(base: str, label: str, system: str, script: list[list[dict[str, Any]]], max_tokens: int,
-                      rows: list[dict[str, Any]], start: asyncio.Event | None = None) -> None:
+async def stream_turn(client: Any, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    """One streamed request with the agent tools: when it was sent, when each token came,
+    the text, and the reuse figures of SpecGate's timings (None from other servers)."""
+    sent = time.perf_counter()
+    arrivals: list[float] = []
+    text, timings = "", None
+    stream = await client.chat.completions.create(model="bench", messages=messages, tools=AGENT_TOOLS,
+                                                  max_tokens=max_tokens, temperature=0, stream=True)
+    async for chunk in stream:
+        timings = (chunk.model_extra or {}).get("timings", timings)  # SpecGate's, on its last chunk
+        for choice in chunk.choices:
+            piece = choice.delta.content or ""
+            if piece or choice.delta.tool_calls:
+                arrivals.append(time.perf_counter())
+            text += piece
+    return {"sent": sent, "arrivals": arrivals, "ttft_s": (arrivals[0] - sent) if arrivals else None,
+            "answer": text, **{key: (timings or {}).get(key) for key in REUSE_KEYS}}
+
+
+def agent_client(base: str, label: str) -> Any:
     import openai
 
+    return openai.AsyncOpenAI(base_url=base + "/v1", api_key="bench", max_retries=0, timeout=7200,
+                              default_headers={"X-Session-Id": label})
+
+
+async def one_session(base: str, label: str, system: str, script: list[list[dict[str, Any]]], max_tokens: int,
+                      rows: list[dict[str, Any]], start: asyncio.Event | None = None) -> None:
     if start is not None:
         await start.wait()
-
-    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="bench", max_retries=0, timeout=7200,
-                                  default_headers={"X-Session-Id": label}) as typed_client:
-        client: Any = typed_client  # the messages are plain dicts, as agent frameworks send them
+    async with agent_client(base, label) as client:
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
         for k, append in enumerate(script):
             messages += append
-            sent = time.perf_counter()
-            arrivals: list[float] = []
-            text, timings = "", None
-            stream = await client.chat.completions.create(model="bench", messages=messages, tools=AGENT_TOOLS,
-                                                          max_tokens=max_tokens, temperature=0, stream=True)
-            async for chunk in stream:
-                timings = (chunk.model_extra or {}).get("timings", timings)  # SpecGate's, on its last chunk
-                for choice in chunk.choices:
-                    piece = choice.delta.content or ""
-                    if piece or choice.delta.tool_calls:
-                        arrivals.append(time.perf_counter())
-                    text += piece
-            reuse = {key: (timings or {}).get(key) for key in REUSE_KEYS}
-            rows.append({"session": label, "turn": k + 1, "sent": sent, "arrivals": arrivals,
-                         "ttft_s": (arrivals[0] - sent) if arrivals else None, "answer": text, **reuse})
-            messages.append({"role": "assistant", "content": text or ""})
+            row = await stream_turn(client, messages, max_tokens)
+            rows.append({"session": label, "turn": k + 1, **row})
+            messages.append({"role": "assistant", "content": row["answer"] or ""})
 
 
 def union_s(windows: list[tuple[float, float]]) -> float:
@@ -152,9 +161,10 @@ def level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs: 
 
 def _level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs: Path) -> dict[str, Any]:
     port, pids = free_port(), list[int]()
-    slots = {"specgate_slots": max(n, 1), "specgate_serial": 1}.get(arm)
+    slots = {"specgate_slots": max(n, 1), "specgate_noprefix": max(n, 1), "specgate_serial": 1}.get(arm)
     if slots:
-        cmd = specgate_cmd(port, engine, slots=slots, n_threads=engine.n_threads, max_queue=256)
+        cmd = specgate_cmd(port, engine, slots=slots, n_threads=engine.n_threads, max_queue=256,
+                           prefix_min_tokens=0 if arm == "specgate_noprefix" else 256)
     elif arm == "llama_server":
         cmd = native_server_cmd(port, engine, max(n, 1))
     else:

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
 
 def first_turn(summary: list[dict[str, Any]], out: Path) -> None:
@@ -180,6 +181,24 @@ def concurrency(rows: list[dict[str, Any]], out: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("Concurrent agent sessions, Qwen2.5-Coder 1.5B / 0.5B, 2 CPU cores", fontsize=9)
+    _save(fig, out)
+
+
+def long_prefill(rows: list[dict[str, Any]], out: Path) -> None:
+    ok = [r for r in rows if "error" not in r]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    x = np.arange(len(ok))
+    for i, (key, label) in enumerate((("itl_solo", "alone"), ("itl_before", "with the other streamers"),
+                                      ("itl_during_long_prefill", "during the long prefill"))):
+        a.bar(x + (i - 1) * 0.27, [r[key]["p95_s"] or 0 for r in ok], 0.27, label=label)
+    a.set_ylabel("streamers' p95 inter-token latency (s)")
+    b.bar(x, [r["long_ttft_s"] or 0 for r in ok], 0.5, color="tab:gray")
+    b.set_ylabel("long turn's TTFT (s)")
+    for ax in (a, b):
+        ax.set_xticks(x, [r["arm"] for r in ok], fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    a.legend(fontsize=8)
+    fig.suptitle("Agents streaming while another prefills a long tool result, 1.5B / 0.5B, 2 CPU cores", fontsize=9)
     _save(fig, out)
 
 

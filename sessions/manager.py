@@ -410,11 +410,11 @@ class SessionManager:
                            slot: int) -> Turn[PrefixStart]:
         """Start ``kv`` (empty, in ``slot``) from a shared prefix (sessions.prefix_cache):
         restore the owner's cached system prompt, wait while another turn builds it, or build
-        it; with none, adopt from an idle resident session of the same owner."""
+        it if it is frequent; else adopt from an idle resident session of the same owner."""
         t0, n = time.perf_counter(), self.prefixes.end(prompt)
-        if not n:
+        key = self.prefixes.key(owner, prompt.tokens[:n]) if n else ""
+        if not n or not self.prefixes.wanted(key):
             return PrefixStart(shared=self._share_prefix(engine, owner, kv, prompt.tokens, slot))
-        key = self.prefixes.key(owner, prompt.tokens[:n])
         if self.prefixes.building(key):
             self.prefixes.waits += 1
             yield Wait(lambda: not self.prefixes.building(key))

@@ -2,11 +2,13 @@
 new sessions start from.
 
 Agents of one framework open every session with the same system prompt and tools,
-often thousands of tokens.  The first turn that needs a prefix prefills it densely
-in both models and keeps both sequences' state here; every later session of the
-same owner restores it instead of prefilling it again.  Turns that arrive while it
-is being built wait for it rather than build it too, so sessions that all start at
-once prefill it once.
+often thousands of tokens.  A prefix is cached once it is frequent: the first
+turn that shows it is served as before (its selection may keep the system prompt
+sparse), the second prefills it densely in both models and keeps both sequences'
+state here, and every later session of the same owner restores it instead of
+prefilling it again.  A lone agent's first session thus pays nothing extra.
+Turns that arrive while it is being built wait for it rather than build it too,
+so sessions that all start at once prefill it twice at most, not once each.
 
 Entries are keyed by the owner and the exact token sequence: a session restores
 only tokens its own prompt carries, and never another key's.  Their bytes live in
@@ -18,6 +20,7 @@ thread only, like the slot table.
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,6 +28,7 @@ import numpy as np
 from core.prompt import Prompt
 from sessions.parked_kv import Blobs, ParkedKV
 
+SEEN_KEYS = 4096  # prefixes remembered as seen once (a key each, no KV)
 KEY_MARK = "\0prefix:"  # no session key starts with a NUL: the two never collide in ParkedKV
 
 
@@ -43,6 +47,7 @@ class PrefixCache:
         self.parked = parked
         self.min_tokens = min_tokens  # 0: off
         self._building: set[str] = set()
+        self._seen: OrderedDict[str, None] = OrderedDict()
         # restored / built / waited for another turn's build / adopted from a resident session
         self.hits = self.misses = self.waits = self.adopted = 0
 
@@ -55,6 +60,20 @@ class PrefixCache:
 
     def end(self, prompt: Prompt) -> int:
         return prefix_end(prompt, self.min_tokens) if self.min_tokens else 0
+
+    def wanted(self, key: str) -> bool:
+        """Whether a turn should use ``key``: it is cached, being built, or seen before."""
+        return self.building(key) or self.get(key) is not None or self.frequent(key)
+
+    def frequent(self, key: str) -> bool:
+        """Whether ``key`` was seen before; the first time, remember it and say no."""
+        if key in self._seen:
+            self._seen.move_to_end(key)
+            return True
+        self._seen[key] = None
+        if len(self._seen) > SEEN_KEYS:
+            self._seen.popitem(last=False)
+        return False
 
     def building(self, key: str) -> bool:
         return key in self._building

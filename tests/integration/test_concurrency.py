@@ -148,11 +148,12 @@ def test_sessions_that_share_only_a_prefix_get_exactly_their_own_continuations(h
     assert "specgate_prefix_adopted_total 1.0" in metrics and "specgate_prefix_misses_total 0.0" in metrics
 
 
-def test_sessions_that_start_together_prefill_their_shared_system_prompt_once(small_model, harbour):
-    """Three sessions of one key start at once: one turn prefills the system prompt into the
-    prefix cache, the others restore it (waiting while it is built), every reply equals a
-    fresh context's, and so does a stateless request's that starts from the cache; a second
-    key with the same system prompt never gets the first key's KV."""
+def test_sessions_that_start_together_prefill_their_shared_system_prompt_at_most_twice(small_model, harbour):
+    """Three sessions of one key start at once: the first to show the system prompt is served
+    as before, the second prefills it into the prefix cache, the third restores it (waiting
+    while it is built); every reply equals a fresh context's, and so does a stateless
+    request's that starts from the cache.  A second key with the same system prompt never
+    gets the first key's KV."""
     fresh = harbour[1]
     server = start_gateway(small_model, small_model, engine={"slots": 4}, prefix_min_tokens=64,
                            api_keys=("key-a", "key-b"))
@@ -167,19 +168,21 @@ def test_sessions_that_start_together_prefill_their_shared_system_prompt_once(sm
         built = [r["timings"]["prefix_built_n"] for r in replies.values()]
         shared = [r["timings"]["prefix_shared_n"] for r in replies.values()]
         n = max(built)
-        assert n > 64 and sorted(built) == [0, 0, n] and sorted(shared) == [0, n, n]
+        assert n > 64 and sorted(built) == [0, 0, n] and sorted(shared) == [0, 0, n]
         for question, reply in replies.items():
             t = reply["timings"]
-            assert t["cache_n"] == t["prefix_shared_n"]  # the builder prefilled it: nothing was cached for it
+            assert t["cache_n"] == t["prefix_shared_n"]  # a built prefix is not counted as cached
             assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == t["prefix_shared_n"]
             assert reply["choices"][0]["message"]["content"] == fresh[question]
         stateless = harbour_turn(server.base, None, QUESTIONS[2], "key-a")
         assert stateless["timings"]["prefix_shared_n"] == n and stateless["timings"]["cache_n"] == n
         assert stateless["choices"][0]["message"]["content"] == fresh[QUESTIONS[2]]
-        other = harbour_turn(server.base, "s-0", QUESTIONS[0], "key-b")  # same id and prompt, other key
-        assert other["timings"]["prefix_built_n"] == n and other["timings"]["cache_n"] == 0
-        assert other["choices"][0]["message"]["content"] == fresh[QUESTIONS[0]]
+        for _ in range(2):  # same id and prompt under the other key: seen once, then built, never shared
+            other = harbour_turn(server.base, None, QUESTIONS[0], "key-b")
+            assert other["timings"]["prefix_shared_n"] == 0 and other["timings"]["cache_n"] == 0
+            assert other["choices"][0]["message"]["content"] == fresh[QUESTIONS[0]]
+        assert other["timings"]["prefix_built_n"] == n
         metrics = httpx.get(server.base + "/metrics", headers={"Authorization": "Bearer key-a"}).text
-        assert "specgate_prefix_hits_total 3.0" in metrics and "specgate_prefix_misses_total 2.0" in metrics
+        assert "specgate_prefix_hits_total 2.0" in metrics and "specgate_prefix_misses_total 2.0" in metrics
     finally:
         server.stop()

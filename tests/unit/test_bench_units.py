@@ -84,3 +84,16 @@ def test_concurrency_counts_rebuilds_full_reprefills_and_prefix_hits():
     assert kv_reuse(rows) == {"kv_rebuilds": 1, "full_reprefills": 1, "prefix_hits": 1}
     assert kv_reuse([{"turn": 1, "context_n": None}]) == {"kv_rebuilds": None, "full_reprefills": None,
                                                           "prefix_hits": None}
+
+
+def test_long_prefill_counts_the_gaps_that_overlap_the_window():
+    from bench.long_prefill import gaps_in, long_turn, stats
+
+    rows = [{"arrivals": [0.0, 1.0, 3.0, 3.5]}, {"arrivals": [10.0, 12.0]}]
+    assert gaps_in(rows, 0.5, 3.2) == [1.0, 2.0, 0.5]  # every gap with a part inside the window
+    assert gaps_in(rows, 4.0, 9.0) == []
+    assert stats([0.1, 0.2, 0.9]) == {"p50_s": 0.2, "p95_s": 0.9, "n": 3}
+    assert stats([]) == {"p50_s": None, "p95_s": None, "n": 0}
+    user, call, tool = long_turn(500)
+    assert call["tool_calls"][0]["id"] == tool["tool_call_id"] and call["content"] is None
+    assert "E-4242" in tool["content"] and len(tool["content"].split()) > 400

@@ -68,6 +68,16 @@ def test_prefix_keys_are_the_owner_and_the_exact_tokens():
     assert key("a", [1, 2, 3]).startswith("\0")  # never a session key ("owner:id")
 
 
+def test_a_prefix_is_wanted_from_its_second_sighting_or_while_cached_or_building():
+    cache = PrefixCache(ParkedKV(budget_bytes=100), min_tokens=4)
+    assert not cache.wanted("k")  # first sighting: served as before, remembered
+    assert cache.wanted("k")
+    cache.begin("j")
+    assert cache.wanted("j")  # being built by another turn: wait for it
+    cache.finish("j", (b"t", b"s"))
+    assert cache.wanted("j") and not cache.wanted("x")
+
+
 def test_a_failed_build_leaves_no_entry_and_a_finished_one_is_kept():
     cache = PrefixCache(ParkedKV(budget_bytes=100), min_tokens=4)
     cache.begin("k")
