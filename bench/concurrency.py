@@ -213,7 +213,7 @@ def _level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs:
 def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = ARMS,
         levels: tuple[int, ...] | None = None, stagger: bool = False) -> list[dict[str, Any]]:
     params: dict[str, Any] = ({"system_tokens": 1000, "turns": 3, "tool_tokens": 300, "max_tokens": 32} if quick else
-                              {"system_tokens": 1500, "turns": 6, "tool_tokens": 1000, "max_tokens": 64})
+                              {"system_tokens": 1500, "turns": 6, "tool_tokens": 850, "max_tokens": 64})
     if stagger:
         params["stagger"] = True
     levels = levels or ((1, 2, 4) if quick else (1, 2, 4, 8, 12))

@@ -35,7 +35,7 @@ from bench.serving import llama_server_cmd, native_server_cmd, percentile, serve
 from bench.textgen import WORDS_PER_TOKEN, filler
 from core.config import EngineConfig
 
-ARMS = ("specgate", "specgate_mixed", "llama_server", "llama_cpp_server")
+ARMS = ("specgate", "specgate_decode_first", "llama_server", "llama_cpp_server")
 
 
 def long_turn(tokens: int) -> list[dict[str, Any]]:
@@ -117,7 +117,7 @@ def run_arm(arm: str, engine: EngineConfig, params: dict[str, Any], logs: Path) 
     port, pids, slots = free_port(), list[int](), params["streamers"] + 1
     if arm.startswith("specgate"):
         cmd = specgate_cmd(port, engine, slots=slots, n_threads=engine.n_threads,
-                           step_tokens=params["mixed_step_tokens"] if arm == "specgate_mixed" else 0)
+                           **({"step_tokens": 0} if arm == "specgate_decode_first" else {}))
     elif arm == "llama_server":
         cmd = native_server_cmd(port, engine, slots)
     else:
@@ -136,7 +136,7 @@ def run_arm(arm: str, engine: EngineConfig, params: dict[str, Any], logs: Path) 
 
 def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = ARMS) -> list[dict[str, Any]]:
     params: dict[str, Any] = {"streamers": 3, "system_tokens": 400, "tool_tokens": 100, "max_tokens": 48,
-                              "long_tokens": 2000 if quick else 8000, "warmup_s": 15, "mixed_step_tokens": 8,
+                              "long_tokens": 2000 if quick else 8000, "warmup_s": 15,
                               "max_s": 900, "max_history_messages": 200}
     engine = EngineConfig(target=engine.target, speculator=engine.speculator, n_threads=engine.n_threads,
                           n_ctx=(params["long_tokens"] + 2048))

@@ -45,6 +45,8 @@ HELP = {
     "prefix_min_tokens": "cache the KV of system prompts this long for new sessions of the same key (0 = off)",
     "kv_spill_dir": "spill evicted session KV here instead of dropping it",
     "max_queue": "queued requests before 429",
+    "step_tokens": "most prefill tokens a step carries while other turns stream (0 = decode first)",
+    "prefill_share": "such a chunk costs at most this share of the rest of its step (0 = a fixed chunk)",
     "auto_create_sessions": "create a session on the first chat request that names an unknown X-Session-Id",
     "target": "target GGUF (default: the fetched Qwen2.5-Coder-1.5B)",
     "speculator": "speculator GGUF (default: the fetched Qwen2.5-Coder-0.5B)",

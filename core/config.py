@@ -174,7 +174,9 @@ class EngineConfig:
     layer_map: str = ""  # SpecAttn layer map JSON; empty = the one `specgate calibrate` stored for this pair
     slots: int = 4  # sessions resident at once in both contexts (each up to n_ctx tokens); 1 = one turn at a time
     kv_layout: str = "split"  # split: a KV stream per slot; unified: one shared pool (needed for SpecAttn)
-    step_tokens: int = 0  # prefill tokens per step while other turns stream; 0 = decode first (README "Many sessions")
+    step_tokens: int = 256  # the most prefill tokens a step carries while other turns stream; 0 = decode first
+    prefill_share: float = 0.5  # such a chunk costs at most this share of the rest of its step; 0 = always
+    # step_tokens (core/chunk_budget.py, README "Many sessions at once")
     scorer: str = "speculator-full"  # the model that scores prompts (core/scorer_model.py): or speculator-early:R,
     # target-early:R -- the first R blocks of either model (README "A cheaper scorer")
 
@@ -183,6 +185,7 @@ class EngineConfig:
         _require(1 <= self.slots <= 64, f"slots must be in [1, 64], got {self.slots}")
         _one_of("kv_layout", self.kv_layout, KV_LAYOUTS)
         _require(self.step_tokens >= 0, f"step_tokens must be >= 0, got {self.step_tokens}")
+        _require(self.prefill_share >= 0, f"prefill_share must be >= 0, got {self.prefill_share}")
         _require(self.slots < self.n_batch, f"n_batch ({self.n_batch}) must exceed slots ({self.slots})")
         _require(self.speculator_n_ctx >= 0, f"speculator_n_ctx must be >= 0, got {self.speculator_n_ctx}")
         _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")

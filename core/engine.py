@@ -200,6 +200,11 @@ class Engine:
                 self.costs.speculator_step.observe(1, n, 1, step)
             ctx.clear()
 
+    def prefill_seconds(self, ctx: Context, n: int, pos: int) -> float:
+        """What ``n`` more tokens after ``pos`` cost in ``ctx`` by the measured costs, without
+        the per-call overhead (a step-loop chunk rides in a batch that is decoded anyway)."""
+        return (self.costs.target if ctx is self.target_ctx else self.costs.speculator).seconds(n, pos, 0)
+
     # -- one request ----------------------------------------------------------
     def check_prompt(self, prompt: Prompt) -> None:
         n = len(prompt)

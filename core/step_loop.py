@@ -10,13 +10,15 @@ In the spirit of nano-vllm's ``LLMEngine.step()``::
 A turn resumed after its decode samples its token at once (from its own batch
 index) and streams it, so every decoding session gets a token per step.
 
-Prefill: while any turn is streaming, a pending prefill gets ``step_tokens``
-a step; ``step_tokens=0`` (the default) is *decode first*: none at all until
-the decoders drain.  Decoding is bounded (``max_tokens``) and a turn starts
-decoding only when its own prefill ends, so every prefill gets its turn.  With
-no turn streaming, a chunk is a whole ``n_batch`` (full speed).  The chunk goes
-to the prefill with the fewest tokens left: a short prompt is not stuck behind
-a long one, and equal prompts finish one after another instead of all late.
+Prefill: while any turn is streaming, a pending prefill gets a chunk sized by
+:class:`core.chunk_budget.ChunkBudget`: at most ``step_tokens``, and with a
+``prefill_share`` no more than that share of what the step costs without it,
+so the streams slow by a bounded factor while the prefill keeps moving.
+``step_tokens=0`` is *decode first*: no prefill at all until the decoders
+drain.  With no turn streaming, a chunk is a whole ``n_batch`` (full speed).
+The chunk goes to the prefill with the fewest tokens left: a short prompt is
+not stuck behind a long one, and equal prompts finish one after another
+instead of all late.
 
 A turn that yields a :class:`Wait` sits out the batches until it is ready.  A
 turn whose ``abort`` says so is cancelled before its next prefill chunk, or
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.chunk_budget import ChunkBudget
 from core.errors import TurnCancelled
 from core.llama_bindings import Context
 from core.steps import Tokens, Turn, Wait
@@ -65,16 +68,18 @@ class StepStats:
     batch_rows: int = 0  # decoding turns' tokens, summed over batches
     batch_tokens: int = 0
     chunk_stalls: int = 0  # batches where decoding turns waited on a prefill chunk
+    stall_tokens: int = 0  # the prefill tokens those chunks carried
     last_rows: int = 0
     busy_s: float = 0.0
     rows_hist: dict[int, int] = field(default_factory=dict)
 
 
 class StepLoop:
-    def __init__(self, step_tokens: int) -> None:
-        self.step_tokens = step_tokens
+    def __init__(self, step_tokens: int, prefill_share: float = 0.0) -> None:
+        self.budget = ChunkBudget(step_tokens, prefill_share)  # its cost function: the engine's (core.worker)
         self.jobs: list[Job] = []
         self.stats = StepStats()
+        self._chunk_s = 0.0  # the expected cost of this step's chunks
 
     @property
     def busy(self) -> bool:
@@ -97,25 +102,32 @@ class StepLoop:
         for req in requests.values():
             if req.seq.ctx not in contexts:
                 contexts.append(req.seq.ctx)
-        # while some turn waits for its next token, prefill gets step_tokens (0: none) a step
+        # while some turn waits for its next token, prefill gets a bounded chunk (the budget's)
         streaming = any(j.remaining == 1 or j.request is None for j in self.jobs)
+        self._chunk_s = 0.0
         for ctx in contexts:
-            self._batch(ctx, [j for j, req in requests.items() if req.seq.ctx is ctx],
-                        self.step_tokens if streaming else ctx.n_batch)
-        self.stats.busy_s += time.perf_counter() - t0
+            self._batch(ctx, [j for j, req in requests.items() if req.seq.ctx is ctx], streaming)
+        elapsed = time.perf_counter() - t0
+        if streaming:
+            self.budget.observe(elapsed, self._chunk_s)
+        self.stats.busy_s += elapsed
 
-    def _batch(self, ctx: Context, jobs: list[Job], chunk_tokens: int) -> None:
+    def _batch(self, ctx: Context, jobs: list[Job], streaming: bool) -> None:
         decoding = [j for j in jobs if j.remaining == 1]
         prefilling = [j for j in jobs if j.remaining > 1]
         chunk: tuple[Job, int] | None = None
-        room = min(chunk_tokens, ctx.n_batch - len(decoding))
         for job in sorted(prefilling, key=lambda j: (j.remaining, j.last_chunk)):
             if job.aborted:
                 self._throw(job, TurnCancelled("the turn was cancelled during prefill"))
                 continue
-            if chunk is None and room > 0:
-                chunk = (job, min(room, job.remaining))
-                job.last_chunk = self.stats.steps
+            if chunk is None:
+                pos = job.request.start_pos + job.done  # type: ignore[union-attr]
+                limit = self.budget.tokens(ctx, pos) if streaming else ctx.n_batch
+                n = min(limit, ctx.n_batch - len(decoding), job.remaining)
+                if n > 0:
+                    chunk = (job, n)
+                    job.last_chunk = self.stats.steps
+                    self._chunk_s += self.budget.chunk_s(ctx, n, pos) if streaming else 0.0
         parts = [(j, 1) for j in decoding] + ([chunk] if chunk else [])
         if not parts:
             return
@@ -133,7 +145,7 @@ class StepLoop:
             for job, _ in parts:
                 self._throw(job, exc)
             return
-        self._count(len(decoding), sum(n for _, n in parts), chunk is not None)
+        self._count(len(decoding), sum(n for _, n in parts), chunk[1] if chunk else 0)
         finished = []
         for (job, n), idx in zip(parts, last, strict=True):
             job.done += n
@@ -144,15 +156,16 @@ class StepLoop:
         for job, idx in finished:
             self._resume(job, idx)
 
-    def _count(self, rows: int, tokens: int, chunked: bool) -> None:
+    def _count(self, rows: int, tokens: int, chunk: int) -> None:
         s = self.stats
         s.batches += 1
         s.batch_rows += rows
         s.batch_tokens += tokens
         s.last_rows = rows
         s.rows_hist[rows] = s.rows_hist.get(rows, 0) + 1
-        if chunked and rows:
+        if chunk and rows:
             s.chunk_stalls += 1
+            s.stall_tokens += chunk
 
     def _resume(self, job: Job, reply: int | None) -> None:
         job.request, job.done = None, 0

@@ -18,12 +18,15 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import structlog
+
 from core.config import EngineConfig
 from core.engine import Engine
 from core.errors import EngineError
 from core.step_loop import Job, StepLoop, StepStats
 from core.steps import Turn
 
+log = structlog.get_logger("specgate.worker")
 T = TypeVar("T")
 _STOP = object()
 
@@ -41,7 +44,7 @@ class ModelWorker:
         self.state = ModelState.LOADING
         self.error: str | None = None
         self._engine: Engine | None = None
-        self._loop = StepLoop(config.step_tokens)
+        self._loop = StepLoop(config.step_tokens, config.prefill_share)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -72,6 +75,14 @@ class ModelWorker:
         self._inbox.put((fut, contextvars.copy_context(), fn, None, None))
         return await asyncio.wrap_future(fut)
 
+    def post(self, fn: Callable[[Engine], Any]) -> None:
+        """Queue ``fn(engine)`` for the model thread without waiting for it: queued work
+        runs in order, so whatever is queued later (a turn) sees its effect.  A failure is
+        logged, never raised to anyone."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut.add_done_callback(_log_failure)
+        self._inbox.put((fut, contextvars.copy_context(), fn, None, None))
+
     async def turn(self, start: Callable[[Engine], Turn[T]], abort: Callable[[], bool] | None = None) -> T:
         """Run the turn ``start(engine)`` returns in the step loop; ``abort`` is polled
         before each of its prefill chunks."""
@@ -99,6 +110,7 @@ class ModelWorker:
         except BaseException as exc:  # noqa: BLE001 -- reported to start()
             ready.set_exception(exc)
             return
+        self._loop.budget.cost = engine.prefill_seconds
         ready.set_result(engine)
         try:
             while self._take(engine, block=not self._loop.busy):
@@ -130,6 +142,11 @@ class ModelWorker:
                 self._loop.add(Job(_in_context(ctx, value), fut, abort))
             else:
                 fut.set_result(value)
+
+
+def _log_failure(fut: concurrent.futures.Future[Any]) -> None:
+    if not fut.cancelled() and (exc := fut.exception()) is not None:
+        log.error("model_job_failed", error=f"{type(exc).__name__}: {exc}")
 
 
 def _in_context(ctx: contextvars.Context, turn: Turn[T]) -> Turn[T]:

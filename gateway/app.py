@@ -153,6 +153,8 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
                                        lambda: app[keys.WORKER].stats.batch_tokens),
         "specgate_step_chunk_stalls": ("Batches in which decoding turns shared the step with a prefill chunk.",
                                        lambda: app[keys.WORKER].stats.chunk_stalls),
+        "specgate_step_stall_tokens": ("Prefill tokens carried by those batches (divide by stalls: mean chunk).",
+                                       lambda: app[keys.WORKER].stats.stall_tokens),
         "specgate_spill_writes": ("KV spill files written.", lambda: parked.spill_writes),
         "specgate_spill_failures": ("KV spill writes that failed (the session rebuilds).",
                                     lambda: parked.spill_failures),

@@ -8,8 +8,10 @@ turn for a session that is not resident takes a free slot or the least
 recently used idle one, whose KV is saved into :class:`ParkedKV` (RAM under a
 budget, LRU, optional disk spill); a session whose KV was dropped rebuilds it
 from its tokens on its next turn.  The slot table and the parked KV change
-only on the model thread, inside the turns.  Each session's record -- metadata and full history -- goes
-to the store (Redis) through the :class:`StoreWriter`, off the reply path.
+only on the model thread: inside the turns, and in the jobs that deletes,
+expiry and moves queue there (:meth:`SessionManager._drop_kv`).  Each
+session's record -- metadata and full history -- goes to the store (Redis)
+through the :class:`StoreWriter`, off the reply path.
 
 One turn per session at a time: a second concurrent turn gets 409.  Delete
 wins over a running turn: it cancels it, and nothing written afterwards
@@ -189,7 +191,7 @@ class SessionManager:
             session = self._sessions.get(key)
             if session is not None and session.state is SessionState.IDLE:
                 del self._sessions[key]
-                self.parked.discard(key)
+                self._drop_kv(session)
                 log.info("session_moved_away", session_key=key)
 
     async def _own(self, key: str, session_id: str, creating: bool = False) -> None:
@@ -246,7 +248,7 @@ class SessionManager:
         session = self._sessions.get(key)
         if session is not None:
             return session
-        rec = await self.store.load(key)
+        rec = await self.writer.load(key)
         if rec is None or rec.get("owner") != owner:
             raise SessionNotFound(f"unknown session {session_id!r}")
         self._admit(owner)
@@ -256,7 +258,7 @@ class SessionManager:
 
     async def exists(self, owner: str, session_id: str) -> bool:
         key = session_key(owner, session_id)
-        return key in self._sessions or await self.store.load(key) is not None
+        return key in self._sessions or await self.writer.load(key) is not None
 
     async def delete(self, owner: str, session_id: str) -> None:
         """Delete wins: a running turn is cancelled and its result is not recorded; the
@@ -264,14 +266,14 @@ class SessionManager:
         key = session_key(owner, check_id(session_id))
         await self._own(key, session_id)
         local = self._sessions.pop(key, None)
-        if local is None and await self.store.load(key) is None:
+        if local is None and await self.writer.load(key) is None:
             raise SessionNotFound(f"unknown session {session_id!r}")
         if local is not None:
             local.state = SessionState.DELETED
             if local.cancel is not None:
                 local.cancel.set()
+            self._drop_kv(local)
         self.writer.delete(key)
-        self.parked.discard(key)  # the model thread re-checks DELETED after parking (see _park)
         log.info("session_deleted", session_id=session_id)
 
     def mirror(self, session: Session) -> None:
@@ -285,8 +287,7 @@ class SessionManager:
         cutoff = (now or time.time()) - self.ttl_s
         stale = [k for k, s in self._sessions.items() if s.state is SessionState.IDLE and s.last_active < cutoff]
         for key in stale:
-            del self._sessions[key]
-            self.parked.discard(key)
+            self._drop_kv(self._sessions.pop(key))
         if stale:
             log.info("sessions_expired", n=len(stale))
         return len(stale)
@@ -338,7 +339,20 @@ class SessionManager:
             if (victim := self._sessions.get(key)) is not None:
                 victim.kv_location = KVLocation.DISK if self.parked.where(key) == "disk" else KVLocation.EVICTED
 
+    def _drop_kv(self, session: Session) -> None:
+        """Queue the removal of a session's KV -- resident, parked or spilled -- for the model
+        thread, which alone changes slots and parked KV: a turn queued later (the same id
+        created again) runs after it and finds nothing."""
+        self.worker.post(lambda engine: self._forget_kv(engine, session))
+
     # -- model thread ------------------------------------------------------------
+    def _forget_kv(self, engine: Engine, session: Session) -> None:
+        """A running turn keeps its slot until it ends; it then gives the slot up (see
+        :meth:`_session_turn`)."""
+        if (slot := self.slots.evict(session)) is not None:
+            engine.load_kv(None, slot)
+        self.parked.discard(session.key)
+
     def _park(self, engine: Engine, seat: Seat) -> list[str]:
         """Save the KV of the idle session ``seat`` displaced (model thread only); returns
         the keys whose parked KV was evicted to make room."""
@@ -346,9 +360,7 @@ class SessionManager:
         if not isinstance(victim, Session) or victim.state is SessionState.DELETED \
                 or self._sessions.get(victim.key) is not victim:
             return []  # deleted, expired or moved away: nothing to keep
-        evicted = self.parked.put(victim.key, engine.save_kv(seat.slot))
-        if victim.state is SessionState.DELETED:  # deleted while its KV was being saved
-            self.parked.discard(victim.key)
+        evicted = self.parked.put(victim.key, engine.save_kv(seat.slot))  # deleted meanwhile: its drop follows
         for key in evicted:
             log.info("session_kv_evicted", session_key=key, spilled=self.parked.where(key) == "disk")
         return evicted
@@ -401,7 +413,7 @@ class SessionManager:
             engine.load_kv(None, seat.slot)
             raise
         finally:
-            self.slots.release(seat.slot)
+            self.slots.release(seat.slot, keep=session.state is not SessionState.DELETED)
         result.timings.kv_rebuilt = rebuilt
         start.account(result.timings)
         return TurnOutcome(result, evicted)

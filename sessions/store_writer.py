@@ -58,6 +58,13 @@ class StoreWriter:
         self._idle.clear()
         self._wakeup.set()
 
+    async def load(self, key: str) -> dict[str, Any] | None:
+        """A session's latest record: one still waiting to be written (None for a delete)
+        wins over the store's, so a session deleted or saved a moment ago reads as such."""
+        if key in self._pending:
+            return self._pending[key]
+        return await self.store.load(key)
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="specgate-store-writer")
 

@@ -72,6 +72,23 @@ def test_a_long_prefill_shares_steps_with_decoding_turns(slots_engine):
     assert loop.stats.chunk_stalls > 0  # decoding turns got tokens in steps that carried a chunk
 
 
+def test_a_budgeted_chunk_keeps_a_long_prefill_moving_in_small_steps_beside_decoding_turns(slots_engine):
+    """With a prefill share, chunks beside decoding turns are sized by the engine's measured
+    costs: far below the cap on a CPU (a prefill token costs a good part of a decode step),
+    yet the long prompt advances while the others decode, and every turn gets its solo tokens."""
+    e = slots_engine
+    e.calibrate(128)
+    short = [prompt(e, q) for q in QUESTIONS[:3]]
+    long_ = prompt(e, "The archive lists crates, shelves and lamps in every aisle.", repeat=30)
+    solo = [e.run(p, PARAMS, slot=0).tokens for p in (*short, long_)]
+    loop = StepLoop(step_tokens=256, prefill_share=0.5)
+    loop.budget.cost = e.prefill_seconds
+    futures = run_together(e, loop, [(e.turn(p, PARAMS, slot=i), None) for i, p in enumerate((*short, long_))])
+    assert [f.result().tokens for f in futures] == solo
+    assert loop.stats.chunk_stalls > 0 and loop.budget.base_s is not None
+    assert loop.stats.stall_tokens / loop.stats.chunk_stalls < 64  # a fixed chunk would be the cap, 256
+
+
 def test_an_aborted_turn_ends_before_its_next_chunk_and_the_others_finish(slots_engine):
     e = slots_engine
     long_ = prompt(e, "The archive lists crates, shelves and lamps in every aisle.", repeat=60)

@@ -166,6 +166,8 @@ async def test_store_writer_coalesces_replays_deletes_and_converges():
     writer.delete("k:b")
     await asyncio.sleep(0.1)
     assert writer.degraded and writer.pending == 2 and not await writer.flush(0.1)
+    # reads see the queued writes: the newer save, and the delete
+    assert await writer.load("k:a") == {"v": 2} and await writer.load("k:b") is None
     store.down = False
     assert await writer.flush(5)
     assert await store.load("k:a") == {"v": 2} and await store.load("k:b") is None
