@@ -71,25 +71,25 @@ class ModelWorker:
         """Run ``fn(engine)`` on the model thread between two steps, in a copy of the
         caller's context (so its log lines keep the request and session ids)."""
         self._check()
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._inbox.put((fut, contextvars.copy_context(), fn, None, None))
-        return await asyncio.wrap_future(fut)
+        return await asyncio.wrap_future(self._queue(fn))
 
     def post(self, fn: Callable[[Engine], Any]) -> None:
         """Queue ``fn(engine)`` for the model thread without waiting for it: queued work
         runs in order, so whatever is queued later (a turn) sees its effect.  A failure is
         logged, never raised to anyone."""
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        fut.add_done_callback(_log_failure)
-        self._inbox.put((fut, contextvars.copy_context(), fn, None, None))
+        self._queue(fn).add_done_callback(_log_failure)
 
     async def turn(self, start: Callable[[Engine], Turn[T]], abort: Callable[[], bool] | None = None) -> T:
         """Run the turn ``start(engine)`` returns in the step loop; ``abort`` is polled
         before each of its prefill chunks."""
         self._check()
-        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._inbox.put((fut, contextvars.copy_context(), start, abort, True))
-        return await asyncio.wrap_future(fut)
+        return await asyncio.wrap_future(self._queue(start, abort, is_turn=True))
+
+    def _queue(self, fn: Callable[[Engine], Any], abort: Callable[[], bool] | None = None,
+               is_turn: bool = False) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._inbox.put((fut, contextvars.copy_context(), fn, abort, is_turn))
+        return fut
 
     def _check(self) -> None:
         if self._engine is None:

@@ -266,6 +266,9 @@ def test_idle_sessions_expire_from_memory_and_disk(tiny_target, tiny_speculator,
         assert list(tmp_path.glob("*.kv")) and manager.live == 2
         assert gw.call(sweep(60)) == 0 and manager.live == 2  # not idle long enough
         assert gw.call(sweep(601)) == 2
+        deadline = time.monotonic() + 30  # the spill file goes in a job on the model thread
+        while list(tmp_path.glob("*.kv")) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert manager.live == 0 and not list(tmp_path.glob("*.kv"))
     finally:
         gw.stop()
