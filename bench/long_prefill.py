@@ -61,19 +61,25 @@ def gaps_in(rows: list[dict[str, Any]], lo: float, hi: float) -> list[float]:
 
 async def streamer(base: str, label: str, system: str, params: dict[str, Any], rows: list[dict[str, Any]],
                    go: asyncio.Event, stop: asyncio.Event, first: asyncio.Event | None = None) -> None:
+    """Turn after turn until ``stop``; after ``session_turns`` turns the agent starts a new
+    session (``label_1``, ``label_2``, ...), so its history stays inside the context."""
     await go.wait()
-    script = turns(int(label.rsplit("-", 1)[1]), 1000, params["tool_tokens"], null_ok=params["null_ok"])
-    async with agent_client(base, label) as client:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
-        for k, append in enumerate(script):
-            if stop.is_set() or len(messages) > params["max_history_messages"]:
-                break
-            messages += append
-            row = await stream_turn(client, messages, params["max_tokens"])
-            rows.append({"session": label, "turn": k + 1, **row})
-            messages.append({"role": "assistant", "content": row["answer"] or ""})
-            if first is not None:
-                first.set()
+    generation = 0
+    while not stop.is_set():
+        script = turns(int(label.rsplit("-", 1)[1]) + 10 * generation, params["session_turns"],
+                       params["tool_tokens"], null_ok=params["null_ok"])  # new logs for a new session
+        async with agent_client(base, f"{label}_{generation}") as client:
+            messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+            for k, append in enumerate(script):
+                if stop.is_set():
+                    break
+                messages += append
+                row = await stream_turn(client, messages, params["max_tokens"])
+                rows.append({"session": label, "turn": k + 1, **row})
+                messages.append({"role": "assistant", "content": row["answer"] or ""})
+                if first is not None:
+                    first.set()
+        generation += 1
 
 
 async def scenario(base: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -85,7 +91,12 @@ async def scenario(base: str, params: dict[str, Any]) -> dict[str, Any]:
     tasks += [asyncio.create_task(streamer(base, f"stream-{i}", system, params, rows, go_all, stop))
               for i in range(1, n)]
     go_solo.set()
-    await solo_done.wait()
+    solo_wait = asyncio.create_task(solo_done.wait())
+    await asyncio.wait([solo_wait, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
+    if not solo_done.is_set():  # the first streamer failed before its first turn ended
+        solo_wait.cancel()
+        stop.set()
+        await asyncio.gather(*tasks)  # raises its error
     solo_end = time.perf_counter()
     go_all.set()
     await asyncio.sleep(params["warmup_s"])
@@ -137,7 +148,7 @@ def run_arm(arm: str, engine: EngineConfig, params: dict[str, Any], logs: Path) 
 def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = ARMS) -> list[dict[str, Any]]:
     params: dict[str, Any] = {"streamers": 3, "system_tokens": 400, "tool_tokens": 100, "max_tokens": 48,
                               "long_tokens": 2000 if quick else 8000, "warmup_s": 15,
-                              "max_s": 900, "max_history_messages": 200}
+                              "max_s": 900, "session_turns": 10}
     engine = EngineConfig(target=engine.target, speculator=engine.speculator, n_threads=engine.n_threads,
                           n_ctx=(params["long_tokens"] + 2048))
     logs = out.parent / "logs"

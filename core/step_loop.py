@@ -16,9 +16,10 @@ Prefill: while any turn is streaming, a pending prefill gets a chunk sized by
 so the streams slow by a bounded factor while the prefill keeps moving.
 ``step_tokens=0`` is *decode first*: no prefill at all until the decoders
 drain.  With no turn streaming, a chunk is a whole ``n_batch`` (full speed).
-The chunk goes to the prefill with the fewest tokens left: a short prompt is
-not stuck behind a long one, and equal prompts finish one after another
-instead of all late.
+The chunk goes to the prefill with the fewest tokens left on even steps (a
+short prompt is not stuck behind a long one, and equal prompts finish one
+after another instead of all late) and to the turn that arrived first on odd
+steps (a long prompt is not starved by agents that keep sending short turns).
 
 A turn that yields a :class:`Wait` sits out the batches until it is ready.  A
 turn whose ``abort`` says so is cancelled before its next prefill chunk, or
@@ -49,6 +50,7 @@ class Job:
     request: Tokens | Wait | None = None  # what it waits for; None: resume it at the next step
     done: int = 0  # tokens of ``request`` already decoded
     last_chunk: int = -1  # the step that last gave it a prefill chunk
+    arrival: int = 0  # the order it joined the loop in
 
     @property
     def remaining(self) -> int:
@@ -80,12 +82,15 @@ class StepLoop:
         self.jobs: list[Job] = []
         self.stats = StepStats()
         self._chunk_s = 0.0  # the expected cost of this step's chunks
+        self._arrivals = 0
 
     @property
     def busy(self) -> bool:
         return bool(self.jobs)
 
     def add(self, job: Job) -> None:
+        self._arrivals += 1
+        job.arrival = self._arrivals
         self.jobs.append(job)
 
     def step(self) -> None:
@@ -116,7 +121,8 @@ class StepLoop:
         decoding = [j for j in jobs if j.remaining == 1]
         prefilling = [j for j in jobs if j.remaining > 1]
         chunk: tuple[Job, int] | None = None
-        for job in sorted(prefilling, key=lambda j: (j.remaining, j.last_chunk)):
+        fifo = self.stats.steps % 2 == 1
+        for job in sorted(prefilling, key=lambda j: j.arrival if fifo else (j.remaining, j.last_chunk)):
             if job.aborted:
                 self._throw(job, TurnCancelled("the turn was cancelled during prefill"))
                 continue

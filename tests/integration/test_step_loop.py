@@ -89,6 +89,24 @@ def test_a_budgeted_chunk_keeps_a_long_prefill_moving_in_small_steps_beside_deco
     assert loop.stats.stall_tokens / loop.stats.chunk_stalls < 64  # a fixed chunk would be the cap, 256
 
 
+def test_chunks_alternate_shortest_first_and_first_come_so_a_long_prompt_keeps_moving(slots_engine):
+    e = slots_engine
+    long_ = prompt(e, "The archive lists crates, shelves and lamps in every aisle.", repeat=60)
+    shorts = [prompt(e, q) for q in QUESTIONS[:2]]
+    loop = StepLoop(step_tokens=0)  # decode first: with no turn streaming every chunk is a full batch
+    jobs = [Job(e.turn(p, PARAMS, slot=i), concurrent.futures.Future()) for i, p in enumerate((long_, *shorts))]
+    for job in jobs:
+        job.future.set_running_or_notify_cancel()
+        loop.add(job)
+    loop.step()
+    loop.step()
+    assert jobs[0].last_chunk > 0 and jobs[0].remaining > 0  # the long prompt got a chunk in the first two
+    assert sum(j.last_chunk > 0 for j in jobs[1:]) == 1  # steps, and so did the shortest prompt
+    while loop.busy:
+        loop.step()
+    assert [j.future.result().tokens for j in jobs] == [e.run(p, PARAMS, slot=3).tokens for p in (long_, *shorts)]
+
+
 def test_an_aborted_turn_ends_before_its_next_chunk_and_the_others_finish(slots_engine):
     e = slots_engine
     long_ = prompt(e, "The archive lists crates, shelves and lamps in every aisle.", repeat=60)
