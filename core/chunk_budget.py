@@ -22,7 +22,7 @@ from typing import Any
 
 ALPHA = 0.3  # EWMA weight of the newest step
 
-# seconds to prefill n tokens at position pos of a context, by the engine's measured costs
+# seconds to prefill n tokens at position pos of a context in one call, by the engine's measured costs
 ChunkCost = Callable[[Any, int, int], float]
 
 
@@ -39,10 +39,12 @@ class ChunkBudget:
             return self.cap
         if self.base_s is None:
             return 0  # one step without a chunk first: it measures what the streams cost alone
-        per_token = self.cost(ctx, 1, pos)
+        one = self.cost(ctx, 1, pos)
+        per_token = self.cost(ctx, 2, pos) - one
         if per_token <= 0:  # not calibrated
             return self.cap
-        return max(1, min(self.cap, int(self.share * self.base_s / per_token)))
+        fixed = one - per_token  # the chunk's own llama_decode pass (split streams decode it apart)
+        return max(1, min(self.cap, int((self.share * self.base_s - fixed) / per_token)))
 
     def chunk_s(self, ctx: Any, n: int, pos: int) -> float:
         return self.cost(ctx, n, pos) if self.cost is not None and n > 0 else 0.0

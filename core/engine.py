@@ -201,9 +201,8 @@ class Engine:
             ctx.clear()
 
     def prefill_seconds(self, ctx: Context, n: int, pos: int) -> float:
-        """What ``n`` more tokens after ``pos`` cost in ``ctx`` by the measured costs, without
-        the per-call overhead (a step-loop chunk rides in a batch that is decoded anyway)."""
-        return (self.costs.target if ctx is self.target_ctx else self.costs.speculator).seconds(n, pos, 0)
+        """What ``n`` more tokens after ``pos`` cost in ``ctx`` in one call, by the measured costs."""
+        return (self.costs.target if ctx is self.target_ctx else self.costs.speculator).seconds(n, pos, 1)
 
     # -- one request ----------------------------------------------------------
     def check_prompt(self, prompt: Prompt) -> None:

@@ -7,9 +7,10 @@ import pytest
 from core.chunk_budget import ALPHA, ChunkBudget
 
 
-def linear(per_token: float, per_cell: float = 0.0):
-    """A cost function shaped like core.cost_model's: weights plus attention over ``pos`` cells."""
-    return lambda ctx, n, pos: n * (per_token + per_cell * pos)
+def linear(per_token: float, per_cell: float = 0.0, per_call: float = 0.0):
+    """A cost function shaped like core.cost_model's: weights plus attention over ``pos`` cells,
+    plus one call's overhead."""
+    return lambda ctx, n, pos: n * (per_token + per_cell * pos) + per_call
 
 
 def test_cap_zero_is_decode_first_and_no_share_is_a_fixed_chunk():
@@ -38,6 +39,12 @@ def test_deeper_in_a_long_prompt_the_chunk_shrinks():
     budget = ChunkBudget(256, 1.0, linear(0.01, 0.01 / 4096), base_s=0.4)
     assert budget.tokens("ctx", 0) == 40
     assert budget.tokens("ctx", 8192) == 13  # attention over 8K cells triples a token's cost
+
+
+def test_the_chunks_own_call_comes_out_of_the_budget_first():
+    budget = ChunkBudget(256, 0.5, linear(2 ** -6, per_call=2 ** -4), base_s=0.25)
+    assert budget.tokens("ctx", 0) == 4  # (0.125 s - 0.0625 s) / 0.015625 s
+    assert ChunkBudget(256, 0.5, linear(0.01, per_call=0.2), base_s=0.2).tokens("ctx", 0) == 1
 
 
 def test_the_budget_learns_the_step_cost_without_its_chunk():
