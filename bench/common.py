@@ -7,6 +7,7 @@ import platform
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,16 @@ def write_result(path: Path, scenario: str, payload: dict[str, Any], models: dic
            "machine": machine(), "models": {k: model_info(v) for k, v in models.items()}, **payload}
     path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     progress(f"wrote {path}")
+
+
+def earlier_rows(path: Path, params: dict[str, Any], key: str, rerun: Callable[[dict[str, Any]], bool]
+                 ) -> list[dict[str, Any]]:
+    """The rows under ``key`` of an earlier result at ``path`` with the same ``params`` that
+    this run does not redo: rerunning some arms or levels keeps the others' figures."""
+    if not path.exists():
+        return []
+    old = orjson.loads(path.read_bytes())
+    return [r for r in old.get(key, []) if not rerun(r)] if old.get("params") == params else []
 
 
 def free_port() -> int:

@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from bench.common import free_port, progress, write_result
+from bench.common import earlier_rows, free_port, progress, write_result
 from bench.serving import llama_server_cmd, native_server_cmd, percentile, server, specgate_cmd
 from bench.textgen import AGENT_TOOLS, WORDS_PER_TOKEN, filler
 from core.config import EngineConfig
@@ -221,11 +221,7 @@ def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = AR
                           n_ctx=4096 if quick else 8192)
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    kept: list[dict[str, Any]] = []
-    if out.exists():  # rerunning some arms or levels keeps the others' figures
-        old = orjson.loads(out.read_bytes())
-        if old.get("params") == params:
-            kept = [r for r in old["levels"] if r["arm"] not in arms or r["sessions"] not in levels]
+    kept = earlier_rows(out, params, "levels", lambda r: r["arm"] in arms and r["sessions"] in levels)
     results: list[dict[str, Any]] = []
     for n in levels:
         for arm in arms:

@@ -27,9 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import openai
 import orjson
 
-from bench.common import free_port, progress, write_result
+from bench.common import earlier_rows, free_port, progress, write_result
 from bench.concurrency import agent_client, peak_rss_mb, stream_turn, system_prompt, turns
 from bench.serving import llama_server_cmd, native_server_cmd, percentile, server, specgate_cmd
 from bench.textgen import WORDS_PER_TOKEN, filler
@@ -38,14 +39,14 @@ from core.config import EngineConfig
 ARMS = ("specgate", "specgate_decode_first", "llama_server", "llama_cpp_server")
 
 
-def long_turn(tokens: int) -> list[dict[str, Any]]:
+def long_turn(tokens: int, null_ok: bool = True) -> list[dict[str, Any]]:
     rng = random.Random(77)
     lines = filler(int(tokens * WORDS_PER_TOKEN), rng)
     lines.insert(len(lines) // 2, "ERROR billing: failure code E-4242.")
     call = {"id": "call_long", "type": "function",
             "function": {"name": "read_log", "arguments": orjson.dumps({"service": "billing"}).decode()}}
     return [{"role": "user", "content": "Read the billing log and give its failure code."},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "assistant", "content": None if null_ok else "", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": call["id"], "content": "\n".join(lines)}]
 
 
@@ -102,7 +103,7 @@ async def scenario(base: str, params: dict[str, Any]) -> dict[str, Any]:
     await asyncio.sleep(params["warmup_s"])
     long: dict[str, Any] = {}
     async with agent_client(base, "long") as client:
-        messages = [{"role": "system", "content": system}, *long_turn(params["long_tokens"])]
+        messages = [{"role": "system", "content": system}, *long_turn(params["long_tokens"], params["null_ok"])]
         try:
             long = await asyncio.wait_for(stream_turn(client, messages, params["max_tokens"]), params["max_s"])
         except TimeoutError:
@@ -140,8 +141,8 @@ def run_arm(arm: str, engine: EngineConfig, params: dict[str, Any], logs: Path) 
             t0 = time.perf_counter()
             result = asyncio.run(scenario(base, params))
             rss = peak_rss_mb(pids[0])
-    except RuntimeError as exc:
-        return {"arm": arm, "error": str(exc)[:300]}
+    except (openai.APIError, RuntimeError) as exc:  # a server that fails mid-run is a result too
+        return {"arm": arm, "error": f"{type(exc).__name__}: {exc}"[:300]}
     return {"arm": arm, "wall_s": round(time.perf_counter() - t0, 1), "peak_rss_mb": rss, **result}
 
 
@@ -153,10 +154,11 @@ def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = AR
                           n_ctx=(params["long_tokens"] + 2048))
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    results = []
+    results = earlier_rows(out, params, "arms", lambda r: r["arm"] in arms)
     for arm in arms:
         results.append(run_arm(arm, engine, params, logs))
         progress(f"  {orjson.dumps(results[-1]).decode()[:400]}")
+        results.sort(key=lambda r: ARMS.index(r["arm"]))
         write_result(out, "long_prefill", {"params": params, "arms": results},
                      {"target": engine.target, "speculator": engine.speculator})
     return results
