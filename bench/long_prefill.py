@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import openai
 import orjson
 
 from bench.common import earlier_rows, free_port, progress, write_result
@@ -126,6 +125,8 @@ async def scenario(base: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_arm(arm: str, engine: EngineConfig, params: dict[str, Any], logs: Path) -> dict[str, Any]:
+    import openai
+
     port, pids, slots = free_port(), list[int](), params["streamers"] + 1
     if arm.startswith("specgate"):
         cmd = specgate_cmd(port, engine, slots=slots, n_threads=engine.n_threads,
