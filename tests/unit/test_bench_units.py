@@ -97,3 +97,17 @@ def test_long_prefill_counts_the_gaps_that_overlap_the_window():
     user, call, tool = long_turn(500)
     assert call["tool_calls"][0]["id"] == tool["tool_call_id"] and call["content"] is None
     assert "E-4242" in tool["content"] and len(tool["content"].split()) > 400
+
+
+def test_a_rerun_keeps_the_earlier_rows_it_does_not_redo(tmp_path):
+    import orjson
+
+    from bench.common import earlier_rows
+
+    path = tmp_path / "concurrency.json"
+    assert earlier_rows(path, {"turns": 6}, "levels", lambda r: True) == []
+    rows = [{"arm": a, "sessions": n} for a in ("slots", "serial") for n in (1, 8)]
+    path.write_bytes(orjson.dumps({"params": {"turns": 6}, "levels": rows}))
+    kept = earlier_rows(path, {"turns": 6}, "levels", lambda r: r["arm"] == "slots" and r["sessions"] == 8)
+    assert kept == [r for r in rows if (r["arm"], r["sessions"]) != ("slots", 8)]
+    assert earlier_rows(path, {"turns": 3}, "levels", lambda r: False) == []  # other sizes: nothing kept
