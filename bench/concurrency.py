@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import statistics
 import time
 from collections.abc import Coroutine
@@ -138,6 +139,23 @@ def kv_reuse(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "prefix_hits": sum(bool(r.get("prefix_shared_n")) for r in first)}
 
 
+def quoted_codes(rows: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, int]:
+    """Answers that quote their own turn's planted failure code, and answers that quote a code
+    planted only in another session's tool results: under batching that would be a leak."""
+    codes: dict[tuple[int, int], str] = {}
+    for i in {int(r["session"].rsplit("-", 1)[1]) for r in rows}:
+        for k, append in enumerate(turns(i, params["turns"], params["tool_tokens"])):
+            codes[(i, k + 1)] = re.findall(r"E-\d{4}", append[2]["content"])[0]
+    own = foreign = 0
+    for r in rows:
+        i = int(r["session"].rsplit("-", 1)[1])
+        mine = {c for (j, _), c in codes.items() if j == i}
+        quoted = set(re.findall(r"E-\d{4}", r.get("answer") or ""))
+        own += codes[(i, r["turn"])] in quoted
+        foreign += bool(quoted & (set(codes.values()) - mine))
+    return {"answers_own_code": own, "answers_foreign_code": foreign}
+
+
 def peak_rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -206,6 +224,7 @@ def _level(arm: str, n: int, engine: EngineConfig, params: dict[str, Any], logs:
             "itl_p95_s": round(percentile(gaps, 0.95), 3) if gaps else None,
             "itl_p95_during_prefill_s": round(percentile(during, 0.95), 3) if during else None,
             "n_itl_during_prefill": len(during), "peak_rss_mb": rss, **kv_reuse(rows),
+            **quoted_codes(rows, params),
             "rows": [{k: v for k, v in r.items() if k != "arrivals"} | {"n_tokens": len(r["arrivals"])}
                      for r in rows]}
 

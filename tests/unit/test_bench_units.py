@@ -111,3 +111,18 @@ def test_a_rerun_keeps_the_earlier_rows_it_does_not_redo(tmp_path):
     kept = earlier_rows(path, {"turns": 6}, "levels", lambda r: r["arm"] == "slots" and r["sessions"] == 8)
     assert kept == [r for r in rows if (r["arm"], r["sessions"]) != ("slots", 8)]
     assert earlier_rows(path, {"turns": 3}, "levels", lambda r: False) == []  # other sizes: nothing kept
+
+
+def test_concurrency_counts_answers_with_their_own_and_with_another_sessions_code():
+    import re
+
+    from bench.concurrency import quoted_codes, turns
+
+    params = {"turns": 2, "tool_tokens": 60}
+    code = {(i, k + 1): re.findall(r"E-\d{4}", t[2]["content"])[0]
+            for i in (0, 1) for k, t in enumerate(turns(i, 2, 60))}
+    rows = [{"session": "a-2-0", "turn": 1, "answer": f"The code is {code[(0, 1)]}."},
+            {"session": "a-2-0", "turn": 2, "answer": f"Earlier {code[(0, 1)]}, not this turn's."},
+            {"session": "a-2-1", "turn": 1, "answer": f"{code[(1, 1)]} and {code[(0, 2)]}"},
+            {"session": "a-2-1", "turn": 2, "answer": None}]
+    assert quoted_codes(rows, params) == {"answers_own_code": 2, "answers_foreign_code": 1}
