@@ -1,6 +1,7 @@
 """Batched decode cost of the target against the number of decoding slots (split streams).
 
-    .venv/bin/python ops/bench_decode_rows.py      # prints ms per step and tokens/s for 1, 2, 4, 8 rows
+    .venv/bin/python ops/bench_decode_rows.py
+    -> prints ms per step and tokens/s for 1, 2, 4, 8 rows, and writes results/bench/decode_rows.json
 
 The same calls the step loop makes (Context.decode_rows), on the fetched 1.5B target.
 """
@@ -8,6 +9,9 @@ The same calls the step loop makes (Context.decode_rows), on the fetched 1.5B ta
 from __future__ import annotations
 
 import time
+from pathlib import Path
+
+import orjson
 
 from core import model_files
 from core.llama_bindings import Context, Model, init_backend
@@ -21,7 +25,7 @@ def main() -> None:
                   unified=False)
     for i in range(8):
         ctx.seq(i).decode(tokens, 0)
-    n, one = len(tokens), 0.0
+    n, one, rows = len(tokens), 0.0, []
     for k in (1, 2, 4, 8):
         t0 = time.perf_counter()
         for j in range(6):
@@ -31,8 +35,13 @@ def main() -> None:
             ctx.seq(i).remove_from(n)
         one = one or step
         print(f"{k} rows: {step * 1e3:.1f} ms/step, {k / step:.2f} tok/s, {k * one / step:.2f}x one row")
+        rows.append({"rows": k, "ms_per_step": round(step * 1e3, 1), "tok_s": round(k / step, 2),
+                     "vs_one_row": round(k * one / step, 2)})
     ctx.close()
     model.close()
+    Path("results/bench/decode_rows.json").write_bytes(orjson.dumps(
+        {"scenario": "decode_rows", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+         "context_tokens": n, "n_threads": 2, "rows": rows}, option=orjson.OPT_INDENT_2))
 
 
 if __name__ == "__main__":
