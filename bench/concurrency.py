@@ -142,17 +142,17 @@ def kv_reuse(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def quoted_codes(rows: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, int]:
     """Answers that quote their own turn's planted failure code, and answers that quote a code
     planted only in another session's tool results: under batching that would be a leak."""
-    codes: dict[tuple[int, int], str] = {}
-    for i in {int(r["session"].rsplit("-", 1)[1]) for r in rows}:
-        for k, append in enumerate(turns(i, params["turns"], params["tool_tokens"])):
-            codes[(i, k + 1)] = re.findall(r"E-\d{4}", append[2]["content"])[0]
+    def index(r: dict[str, Any]) -> int:  # labels are arm-sessions-index (see _level)
+        return int(r["session"].rsplit("-", 1)[1])
+
+    codes = {i: [re.findall(r"E-\d{4}", t[2]["content"])[0]
+                 for t in turns(i, params["turns"], params["tool_tokens"])] for i in map(index, rows)}
+    every = {c for mine in codes.values() for c in mine}
     own = foreign = 0
     for r in rows:
-        i = int(r["session"].rsplit("-", 1)[1])
-        mine = {c for (j, _), c in codes.items() if j == i}
         quoted = set(re.findall(r"E-\d{4}", r.get("answer") or ""))
-        own += codes[(i, r["turn"])] in quoted
-        foreign += bool(quoted & (set(codes.values()) - mine))
+        own += codes[index(r)][r["turn"] - 1] in quoted
+        foreign += bool(quoted & (every - set(codes[index(r)])))
     return {"answers_own_code": own, "answers_foreign_code": foreign}
 
 

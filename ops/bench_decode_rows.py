@@ -11,15 +11,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import orjson
-
+from bench.common import write_result
 from core import model_files
 from core.llama_bindings import Context, Model, init_backend
 
 
 def main() -> None:
     init_backend()
-    model = Model(str(model_files.model_path(model_files.TARGET)))
+    model_path = str(model_files.model_path(model_files.TARGET))
+    model = Model(model_path)
     tokens = model.tokenize("Count from one to five. " * 20)
     ctx = Context(model, n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2, flash_attn=True, n_seq=8,
                   unified=False)
@@ -39,9 +39,8 @@ def main() -> None:
                      "vs_one_row": round(k * one / step, 2)})
     ctx.close()
     model.close()
-    Path("results/bench/decode_rows.json").write_bytes(orjson.dumps(
-        {"scenario": "decode_rows", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-         "context_tokens": n, "n_threads": 2, "rows": rows}, option=orjson.OPT_INDENT_2))
+    write_result(Path("results/bench/decode_rows.json"), "decode_rows",
+                 {"context_tokens": n, "n_threads": 2, "rows": rows}, {"target": model_path})
 
 
 if __name__ == "__main__":

@@ -17,8 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-import orjson
-
+from bench.common import write_result
 from core import model_files
 from core.llama_bindings import Context, Model, init_backend
 
@@ -55,7 +54,8 @@ def measure(model: Model, unified: bool, session: list[int], other: list[int]) -
 def main() -> None:
     n_other = int(sys.argv[1]) if len(sys.argv) > 1 else 6000
     init_backend()
-    model = Model(str(model_files.model_path(model_files.TARGET)))
+    model_path = str(model_files.model_path(model_files.TARGET))
+    model = Model(model_path)
     tokens = model.tokenize(TEXT * (n_other // 12 + 50), add_special=False)
     session, other = tokens[:512], tokens[:n_other]
     rows = []
@@ -63,10 +63,9 @@ def main() -> None:
         rows.append(r := measure(model, unified, session, other))
         print(f"{r['layout']:8s} alone {r['alone_ms']:7.1f} ms/step   beside 3 x {n_other} tokens "
               f"{r['beside_others_ms']:7.1f} ms/step   x{r['ratio']}")
-    out = Path("results/bench/kv_layout.json")
-    out.write_bytes(orjson.dumps({"scenario": "kv_layout", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                  "session_tokens": len(session), "other_slots": 3, "tokens_per_other_slot": n_other,
-                                  "rows": rows}, option=orjson.OPT_INDENT_2))
+    write_result(Path("results/bench/kv_layout.json"), "kv_layout",
+                 {"session_tokens": len(session), "other_slots": 3, "tokens_per_other_slot": n_other, "rows": rows},
+                 {"target": model_path})
     model.close()
 
 
