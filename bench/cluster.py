@@ -3,8 +3,10 @@ cluster tests and ``specgate bench failover``."""
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,6 +37,8 @@ class Cluster:
             self.down()
             raise RuntimeError(f"ops/cluster.sh up failed:\n{out.stdout}\n{out.stderr}\n{self.logs()}")
         self.base = out.stdout.strip().splitlines()[-1]
+        for i in range(1, n + 1):
+            self.wait_balanced(i, "UP")
 
     def port(self, i: int) -> int:
         return int((self.dir / f"replica-{i}.port").read_text())
@@ -71,11 +75,33 @@ class Cluster:
         while time.monotonic() < deadline:
             try:
                 if httpx.get(self.url(i) + "/ready", timeout=1).status_code == 200:
-                    return
+                    break
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"replica {i} did not come back:\n{self.logs()}")
+        else:
+            raise RuntimeError(f"replica {i} did not come back:\n{self.logs()}")
+        self.wait_balanced(i, "UP")  # ready is not enough: HAProxy must have seen it rise
+
+    def balancer_status(self) -> dict[str, str]:
+        """Each replica's status as HAProxy sees it (``UP``, ``DOWN``, ``UP 1/2``, ...), read from
+        its stats socket."""
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(self.dir / "haproxy.sock"))
+            s.sendall(b"show stat\n")
+            raw = b"".join(iter(lambda: s.recv(65536), b""))
+        rows = list(csv.reader(raw.decode().lstrip("# ").splitlines()))
+        head = rows[0]
+        px, sv, st = head.index("pxname"), head.index("svname"), head.index("status")
+        return {r[sv]: r[st] for r in rows[1:] if len(r) > st and r[px] == "replicas" and r[sv].startswith("r")}
+
+    def wait_balanced(self, i: int, status: str, timeout: float = 60) -> None:
+        """Until HAProxy reports replica ``i`` as exactly ``status`` (its checks run every second)."""
+        deadline = time.monotonic() + timeout
+        while (now := self.balancer_status().get(f"r{i}")) != status:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"HAProxy reports r{i} as {now!r}, not {status!r}")
+            time.sleep(0.1)
 
     def record(self, owner: str, sid: str) -> dict[str, Any] | None:
         import redis
@@ -93,7 +119,5 @@ class Cluster:
 
 
 def _busy(port: int) -> bool:
-    import socket
-
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0

@@ -24,6 +24,7 @@ errors lives in exactly one place (the class attributes below).
     ├── QueueFull              the admission queue is full (429)
     ├── SessionLimit           the session cap (per key or in total) is reached (429)
     ├── ShuttingDown           the server is draining for a restart (503)
+    ├── OwnerLost              the replica running a proxied turn died mid-answer (503, safe to retry)
     ├── StoreUnavailable       the metadata store (Redis) cannot be reached (503)
     └── FetchError             a model package could not be fetched or verified
 """
@@ -136,6 +137,16 @@ class SessionLimit(SpecGateError):
 class ShuttingDown(SpecGateError):
     status = 503
     code = "shutting_down"
+
+
+class OwnerLost(SpecGateError):
+    """The owner replica stopped answering while a proxied turn ran.  Retrying is safe:
+    the client resends the whole conversation, and a turn's record is replaced by that
+    conversation plus its new reply, so a turn the dead owner recorded is not doubled."""
+
+    status = 503
+    code = "owner_lost"
+    retry_after_s = 1
 
 
 class StoreUnavailable(SpecGateError):

@@ -8,7 +8,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from core.errors import QueueFull, SpecGateError, Unauthorized
+from core.errors import OwnerLost, QueueFull, SpecGateError, Unauthorized
 
 log = structlog.get_logger("specgate.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -34,7 +34,7 @@ def ws_error(exc: BaseException) -> dict[str, Any]:
 def json_error(exc: BaseException) -> web.Response:
     status, body = error_body(exc)
     headers = {}
-    if isinstance(exc, QueueFull):
+    if isinstance(exc, QueueFull | OwnerLost):
         headers["Retry-After"] = str(exc.retry_after_s)
     elif isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = 'Bearer realm="specgate"'

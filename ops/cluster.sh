@@ -37,10 +37,12 @@ up() {
     servers+="    server r$i 127.0.0.1:$port check"$'\n'
   done
   for i in $(seq 1 "$n"); do wait_ready "http://127.0.0.1:$(cat "$DIR/replica-$i.port")/ready" 300; done
-  sed -e "s/@LB_PORT@/$LB_PORT/" ops/haproxy.cfg.tmpl | awk -v s="$servers" '{ if ($0 == "@SERVERS@") printf "%s", s; else print }' \
+  sed -e "s/@LB_PORT@/$LB_PORT/" -e "s#@DIR@#$DIR#" ops/haproxy.cfg.tmpl | awk -v s="$servers" '{ if ($0 == "@SERVERS@") printf "%s", s; else print }' \
     >"$DIR/haproxy.cfg"
   haproxy -c -q -f "$DIR/haproxy.cfg"
-  haproxy -D -f "$DIR/haproxy.cfg" -p "$DIR/haproxy.pid"
+  # in the foreground (-db) so its log, written to stdout, lands in the cluster's folder
+  haproxy -db -f "$DIR/haproxy.cfg" >>"$DIR/haproxy.log" 2>&1 &
+  echo $! >"$DIR/haproxy.pid"
   wait_ready "http://127.0.0.1:$LB_PORT/health" 30
   echo "http://127.0.0.1:$LB_PORT"
 }

@@ -1,13 +1,19 @@
 """Two replicas behind the real HAProxy, with a real redis-server, started by ops/cluster.sh:
-affinity, proxying to the owner, the ownership race, a rolling restart and a SIGKILL failover."""
+affinity, proxying to the owner, the ownership race, a rolling restart, an owner killed while
+a turn is proxied to it, turns in flight when a replica dies, and a SIGKILL failover.
+
+No test sleeps to let something happen: each waits for the state it needs (a replica's
+running turns in its /metrics, a server's status on HAProxy's stats socket)."""
 
 from __future__ import annotations
 
 import shutil
 import signal
 import threading
+import time
 
 import httpx
+import orjson
 import pytest
 
 from bench.cluster import Cluster
@@ -42,6 +48,27 @@ def replica(r: httpx.Response) -> str:
     return r.headers["X-SpecGate-Replica"]
 
 
+def running_turns(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("specgate_running_turns "))
+
+
+def wait_running(url: str, at_least: int = 1, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while running_turns(url) < at_least:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} never ran {at_least} turn(s) at once")
+        time.sleep(0.02)
+
+
+def owned_by(cluster, i: int, sid: str) -> list[dict]:
+    """A new session whose first turn ran on replica ``i`` (so ``i`` holds its lease)."""
+    history: list[dict] = [{"role": "system", "content": "You log pumps."}]
+    r = turn(cluster.url(i), sid, history, "Pump A ran.")
+    assert r.status_code == 200 and replica(r) == f"r{i}", r.text
+    return history
+
+
 @pytest.fixture(scope="module")
 def sessions(cluster):
     """12 sessions with one turn each through the balancer: {sid: (history, replica)}."""
@@ -74,7 +101,6 @@ def test_racing_replicas_take_over_a_session_exactly_once(cluster):
     """A session neither replica holds (its owner is gone; its record is in Redis): both
     get a turn for it at once; one takes the lease, the other proxies to it (or finds it
     busy), and the record's version counts every turn that ran, none lost."""
-    import orjson
     import redis
 
     history = [{"role": "user", "content": "Race me."}, {"role": "assistant", "content": "Ready."}]
@@ -119,6 +145,74 @@ def test_rolling_restart_drains_a_replica_and_its_sessions_continue(cluster, ses
         assert cluster.record("anonymous", sid)["history"] == history  # intact on the new owner
         sessions[sid] = (history, "r2")
     cluster.restart(victim)
+
+
+def test_owner_killed_while_a_streamed_turn_is_proxied_to_it(cluster):
+    """r1 relays r2's stream; r2 dies mid-stream: the client's stream ends well-formed, with
+    an in-band ``owner_lost`` error and ``[DONE]``; the retry is served by r1, rebuilt."""
+    history = owned_by(cluster, 2, "px-stream")
+    events = []
+    with httpx.stream("POST", cluster.url(1) + "/v1/chat/completions", headers={"X-Session-Id": "px-stream"},
+                      timeout=120, json={"messages": [*history, {"role": "user", "content": "Count to 300."}],
+                                         "max_tokens": 300, "stream": True}) as resp:
+        assert resp.status_code == 200 and replica(resp) == "r2"
+        lines = resp.iter_lines()
+        next(line for line in lines if '"content"' in line and '"role"' not in line)
+        cluster.kill(2, signal.SIGKILL)
+        events = [line for line in lines if line.startswith("data: ")]  # no RemoteProtocolError: ends whole
+    assert events[-1] == "data: [DONE]"
+    assert orjson.loads(events[-2][6:])["error"]["code"] == "owner_lost", events[-3:]
+    cluster.wait_exit(2)
+    r = turn(cluster.url(1), "px-stream", history, "Again?")
+    assert r.status_code == 200 and replica(r) == "r1" and r.json()["timings"]["kv_rebuilt"], r.text
+    assert cluster.record("anonymous", "px-stream")["history"] == history
+    cluster.restart(2)
+
+
+def test_owner_killed_while_a_whole_turn_is_proxied_to_it(cluster):
+    """r1 waits on r2's non-streamed answer; r2 dies while running it: nothing of the answer
+    was sent, so r1 takes the session over and the client gets a normal, rebuilt answer."""
+    history = owned_by(cluster, 2, "px-whole")
+    history.append({"role": "user", "content": "Count to 300."})
+    out: list[httpx.Response] = []
+    th = threading.Thread(target=lambda: out.append(httpx.post(
+        cluster.url(1) + "/v1/chat/completions", headers={"X-Session-Id": "px-whole"}, timeout=120,
+        json={"messages": history, "max_tokens": 300})))
+    th.start()
+    wait_running(cluster.url(2))
+    cluster.kill(2, signal.SIGKILL)
+    th.join()
+    r = out[0]
+    assert r.status_code == 200 and replica(r) == "r1" and r.json()["timings"]["kv_rebuilt"], r.text
+    history.append(r.json()["choices"][0]["message"])
+    assert cluster.record("anonymous", "px-whole")["history"] == history
+    cluster.wait_exit(2)
+    cluster.restart(2)
+
+
+def test_turns_in_flight_through_the_balancer_when_a_replica_dies(cluster):
+    """Six sessions on r2 and two on r1, a long turn each through HAProxy; r2 is SIGKILLed
+    while running one.  Every client gets a 200: HAProxy replays what r2 never answered
+    (refused or closed without a response), and r1 takes the sessions over."""
+    histories = {f"fl-{i}": owned_by(cluster, 2 if i < 6 else 1, f"fl-{i}") for i in range(8)}
+    results: dict[str, httpx.Response] = {}
+
+    def go(sid: str) -> None:
+        results[sid] = turn(cluster.base, sid, histories[sid], "Count to 200.", max_tokens=200)
+
+    threads = [threading.Thread(target=go, args=(sid,)) for sid in histories]
+    for th in threads:
+        th.start()
+    wait_running(cluster.url(2))
+    cluster.kill(2, signal.SIGKILL)
+    for th in threads:
+        th.join()
+    assert all(r.status_code == 200 for r in results.values()), {s: r.text[:200] for s, r in results.items()}
+    assert any(r.json()["timings"]["kv_rebuilt"] for r in results.values())  # some really moved
+    for sid, history in histories.items():
+        assert cluster.record("anonymous", sid)["history"] == history, sid
+    cluster.wait_exit(2)
+    cluster.restart(2)
 
 
 def test_sigkill_failover_moves_sessions_with_their_history(cluster, sessions):
