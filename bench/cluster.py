@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class Cluster:
     def __init__(self, directory: Path, n: int, env: dict[str, str]) -> None:
         self.dir = directory
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}  # replicas restarted by this process
         self.lb_port, self.redis_port = free_port(), free_port()
         first = free_port()
         while any(_busy(first + i) for i in range(n)):
@@ -53,6 +54,9 @@ class Cluster:
         os.kill(self.pid(i), sig)
 
     def wait_exit(self, i: int, timeout: float = 120) -> None:
+        if (proc := self._procs.get(i)) is not None:  # our child: reap it (a zombie still answers kill 0)
+            proc.wait(timeout)
+            return
         pid = self.pid(i)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -71,6 +75,7 @@ class Cluster:
             proc = subprocess.Popen([self.env["SPECGATE"], "serve", "--port", str(self.port(i))], env=env,
                                     stdout=log, stderr=subprocess.STDOUT)
         (self.dir / f"replica-{i}.pid").write_text(str(proc.pid))
+        self._procs[i] = proc
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             try:

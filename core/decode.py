@@ -53,6 +53,7 @@ class Generation:
     first_token_s: float  # seconds from decode start to the first sampled token
     decode_s: float
     n_decoded: int  # leading tokens of ``tokens`` that were decoded into the KV cache
+    stop_sequence: str | None = None  # the stop string that ended the reply, if one did
 
 
 class TextStream:
@@ -87,6 +88,10 @@ class TextStream:
             return False
         return len(self.tokens) < self.max_tokens
 
+    @property
+    def stop_sequence(self) -> str | None:
+        return self._stops.matched
+
     def close(self) -> str:
         """Flush held-back text (unless cancelled or stopped); returns the whole reply."""
         if self.finish != "cancelled" and not self._stops.stopped:
@@ -120,4 +125,5 @@ def generate(seq: Seq, n_past: int, params: SamplingParams, on_text: OnText | No
     finally:
         sampler.close()
     text = stream.close()
-    return Generation(text, stream.tokens, stream.finish, first_s, time.perf_counter() - t0, n_decoded)
+    return Generation(text, stream.tokens, stream.finish, first_s, time.perf_counter() - t0, n_decoded,
+                      stream.stop_sequence)

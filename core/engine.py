@@ -383,7 +383,7 @@ class Engine:
             # later turn scores: never on this reply's path
             context = tokens + tuple(gen.tokens[: gen.n_decoded])
             t.speculator_deferred_n = len(context) - common_prefix(kv.speculator.tokens, context)
-        return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q)
+        return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q, gen.stop_sequence)
 
     def prefill_and_decode(self, kv_all: SessionKV, delta: tuple[int, ...], kept: np.ndarray,
                            params: TurnParams, on_text: OnText | None, t: Timings,

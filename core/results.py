@@ -116,3 +116,4 @@ class Result:
     tokens: list[int]
     timings: Timings
     kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    stop_sequence: str | None = None  # the stop string that ended the reply, if one did

@@ -106,7 +106,8 @@ class SpeculativeDecoder:
         self.target.remove_from(start_pos + n_decoded)
         committed = (pending0 + stream.tokens)[: min(dpos - draft_pos, len(pending0) + n_decoded)]
         self.draft.remove_from(draft_pos + len(committed))
-        gen = Generation(text, stream.tokens, stream.finish, first_s, time.perf_counter() - t0, n_decoded)
+        gen = Generation(text, stream.tokens, stream.finish, first_s, time.perf_counter() - t0, n_decoded,
+                         stream.stop_sequence)
         return SpeculativeGeneration(gen, stats, draft_pos, committed)
 
     @staticmethod

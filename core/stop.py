@@ -10,6 +10,7 @@ class StopMatcher:
         self.stops = stops
         self._pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str) -> str:
         """Returns the text that is safe to emit now."""
@@ -18,7 +19,8 @@ class StopMatcher:
         if hits:
             self.stopped = True
             self._pending = ""
-            return buf[: min(i for i, _ in hits)]
+            at, self.matched = min(hits)
+            return buf[:at]
         hold = 0
         for s in self.stops:
             for k in range(min(len(s) - 1, len(buf)), 0, -1):

@@ -23,7 +23,7 @@ from aiohttp import WSCloseCode, web
 
 from core.config import GatewayConfig, ServeConfig, TurnParams
 from core.worker import ModelState, ModelWorker
-from gateway import auth, http_api, keys, openapi, ws_api
+from gateway import anthropic_messages, auth, http_api, keys, openai_chat, openapi, ws_api
 from gateway.errors import REJECTED, Handler, error_middleware
 from gateway.forward import route_to_owner, tag_replica
 from gateway.metrics import Metrics
@@ -58,7 +58,8 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path not in auth.OPEN_PATHS:
-        request[auth.OWNER] = request.app[keys.API_KEYS].owner(request.headers.get("Authorization"))
+        request[auth.OWNER] = request.app[keys.API_KEYS].owner(request.headers.get("Authorization"),
+                                                              request.headers.get("x-api-key"))
     return await handler(request)
 
 
@@ -219,6 +220,8 @@ def create_app(config: ServeConfig) -> web.Application:
     auth.warn_if_exposed(config.gateway, api_keys)
     app.cleanup_ctx.extend([worker_ctx, store_ctx, sessions_ctx])
     app.on_shutdown.append(drain)
+    app.add_routes(openai_chat.routes)
+    app.add_routes(anthropic_messages.routes)
     app.add_routes(http_api.routes)
     app.add_routes(ws_api.routes)
     app.add_routes(openapi.routes)

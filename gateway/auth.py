@@ -2,8 +2,9 @@
 
 Keys come from ``api_keys`` (``SPECGATE_API_KEYS=k1,k2``) and ``api_keys_file``
 (one per line).  Only their SHA-256 digests are kept.  A client sends
-``Authorization: Bearer <key>`` (what the ``openai`` client sends) on HTTP and
-on the WebSocket upgrade.  Each key has an owner id -- a prefix of its digest --
+``Authorization: Bearer <key>`` (what the ``openai`` client sends) or
+``x-api-key: <key>`` (what the ``anthropic`` client sends) on HTTP and on the
+WebSocket upgrade.  Each key has an owner id -- a prefix of its digest --
 that namespaces every session it creates; with no keys configured every
 client is the one owner ``anonymous``.  ``/health``, ``/ready`` and
 ``/metrics`` stay open so balancers and scrapers need no key.
@@ -50,13 +51,16 @@ class ApiKeys:
     def enabled(self) -> bool:
         return bool(self._digests)
 
-    def owner(self, authorization: str | None) -> str:
-        """The caller's owner id; :class:`Unauthorized` for a missing or unknown key."""
+    def owner(self, authorization: str | None, api_key: str | None = None) -> str:
+        """The caller's owner id from ``Authorization: Bearer`` or ``x-api-key``;
+        :class:`Unauthorized` for a missing or unknown key."""
         if not self.enabled:
             return ANONYMOUS
         scheme, _, token = (authorization or "").partition(" ")
+        if not authorization and api_key:
+            scheme, token = "bearer", api_key
         if scheme.lower() != "bearer" or not token.strip():
-            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
         digest = _digest(token.strip())
         # compare against every digest so timing says nothing about which prefix matched
         if not any(hmac.compare_digest(digest, d) for d in self._digests):

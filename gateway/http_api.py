@@ -1,4 +1,4 @@
-"""HTTP routes: OpenAI chat completions (plain and SSE), models, sessions, health, metrics."""
+"""HTTP routes besides the turn protocols: models, sessions, health, readiness, metrics."""
 
 from __future__ import annotations
 
@@ -6,102 +6,14 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import orjson
-import structlog
 from aiohttp import web
 
 from core.errors import InvalidRequest, ShuttingDown
-from gateway import keys, protocol
+from gateway import keys
 from gateway.auth import OWNER
-from gateway.errors import error_body
-from gateway.turns import Turn
+from gateway.bodies import read_json
 
-log = structlog.get_logger("specgate.http")
 routes = web.RouteTableDef()
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-async def read_json(request: web.Request) -> Any:
-    raw = await request.read()
-    if not raw:
-        raise InvalidRequest("the request body is empty; expected JSON")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"malformed JSON body: {exc}") from exc
-
-
-def dumps(obj: Any) -> str:
-    return orjson.dumps(obj).decode()
-
-
-@routes.post("/v1/chat/completions")
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    config = app[keys.CONFIG]
-    req = protocol.parse_chat(await read_json(request), app[keys.DEFAULTS], request.headers.get("X-Session-Id"),
-                              config.gateway.limits, config.engine.n_ctx)
-    structlog.contextvars.bind_contextvars(session_id=req.session_id)
-    runner = app[keys.RUNNER]
-    session = await runner.session_for(request[OWNER], req.session_id)
-    log.info("request_start", stream=req.stream, n_messages=len(req.messages), tools=bool(req.tools))
-    turn = runner.start(req, session, request[OWNER])  # 409, 429 and 503 are answered here, before any stream starts
-    model = config.gateway.model_name
-    if req.stream:
-        return await stream_turn(request, turn, model)
-    try:
-        async for _ in turn.pieces():
-            pass
-        result = await turn.result()
-    except asyncio.CancelledError:  # the client left (handler cancellation): stop generating for nobody
-        app[keys.METRICS].disconnects.labels("http").inc()
-        log.info("client_disconnected", stream=False)
-        raise
-    finally:
-        turn.abandon()
-    headers = {"X-Session-Id": req.session_id} if req.session_id else None
-    return web.json_response(protocol.completion(protocol.new_id(), model, result, req.session_id), dumps=dumps,
-                             headers=headers)
-
-
-async def stream_turn(request: web.Request, turn: Turn, model: str) -> web.StreamResponse:
-    """SSE: role chunk, content chunks, a final chunk with finish_reason and timings,
-    an optional usage chunk, then ``data: [DONE]``.  A client that goes away cancels
-    generation at the next token."""
-    req_id = protocol.new_id()
-    session_id = turn.request.session_id
-    resp = web.StreamResponse(headers={**SSE_HEADERS, **({"X-Session-Id": session_id} if session_id else {})})
-
-    async def send(obj: dict[str, Any] | str) -> None:
-        payload = obj if isinstance(obj, str) else dumps(obj)
-        await resp.write(f"data: {payload}\n\n".encode())
-
-    try:
-        await resp.prepare(request)
-        await send(protocol.chunk(req_id, model, {"role": "assistant", "content": ""}))
-        async for piece in turn.pieces():
-            await send(protocol.chunk(req_id, model, {"content": piece}))
-        try:
-            result = await turn.result()
-        except Exception as exc:  # headers are out: report in-band
-            log.warning("stream_error", error=str(exc), error_type=type(exc).__name__)
-            _, body = error_body(exc)
-            await send(body)
-            await send("[DONE]")
-            return resp
-        for final in protocol.final_chunks(req_id, model, result, turn.request.session_id,
-                                           turn.request.include_usage):
-            await send(final)
-        await send("[DONE]")
-        await resp.write_eof()
-    except (ConnectionResetError, ConnectionError, asyncio.CancelledError) as exc:
-        request.app[keys.METRICS].disconnects.labels("sse").inc()
-        log.info("client_disconnected", stream=True, error=type(exc).__name__)
-        if isinstance(exc, asyncio.CancelledError):
-            raise
-    finally:
-        turn.abandon()
-    return resp
 
 
 @routes.get("/v1/models")

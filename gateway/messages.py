@@ -12,7 +12,7 @@ from typing import Any
 from core.config import Limits
 from core.errors import InvalidRequest, RequestTooLarge
 
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system
 
 
 def _str(value: Any, where: str, optional: bool = True) -> str | None:
@@ -58,7 +58,8 @@ def parse_message(m: Any, i: int) -> dict[str, Any]:
     role = m.get("role")
     if role not in ROLES:
         raise InvalidRequest(f"{where}.role must be one of {ROLES}, got {role!r}")
-    out: dict[str, Any] = {"role": role, "content": _content(m.get("content"), f"{where}.content")}
+    out: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                           "content": _content(m.get("content"), f"{where}.content")}
     calls = m.get("tool_calls")
     if calls is not None:
         if role != "assistant" or not isinstance(calls, list):
@@ -123,3 +124,25 @@ def parse_tools(body: dict[str, Any], limits: Limits) -> tuple[dict[str, Any], .
     if depth(tools, limits.max_tool_depth + 3) > limits.max_tool_depth + 3:  # list > tool > function > schema
         raise RequestTooLarge(f"tool definitions nest deeper than {limits.max_tool_depth} (max_tool_depth)")
     return tuple(tools) or None
+
+
+def tool_choice(choice: Any, tools: tuple[dict[str, Any], ...] | None) -> str:
+    """OpenAI's ``tool_choice`` as one string: ``auto``, ``required``, ``none`` or the name of
+    the one function the reply must call, which must be among ``tools``."""
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str):
+        if choice not in ("auto", "required", "none"):
+            raise InvalidRequest(f"'tool_choice' must be 'auto', 'required', 'none' or a function, got {choice!r}")
+        if choice == "required" and not tools:
+            raise InvalidRequest("'tool_choice' is 'required' but the request offers no tools")
+        return choice
+    fn = choice.get("function") if isinstance(choice.get("function"), dict) else choice
+    name = fn.get("name")
+    if choice.get("type") != "function" or not isinstance(name, str):
+        raise InvalidRequest("'tool_choice' must name a function: {\"type\": \"function\", "
+                             "\"function\": {\"name\": ...}}")
+    offered = [t["function"]["name"] for t in tools or ()]
+    if name not in offered:
+        raise InvalidRequest(f"'tool_choice' names {name!r}, which is not among the offered tools {offered}")
+    return name

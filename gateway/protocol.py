@@ -1,15 +1,16 @@
-"""The OpenAI-compatible wire format: request parsing and response objects.
+"""The one internal turn request every wire protocol parses into, and the one result
+every protocol renders back.
 
-Parsing turns a JSON body into frozen, validated dataclasses (errors name the
-offending field).  A finished turn becomes one :class:`TurnResult` -- its tool
-calls parsed once -- and the builders turn that into a completion object, the
-last stream chunk and ``usage``; ``timings`` is ``Timings.to_json()``.
+Each protocol module (``openai_chat``, ``openai_responses``, ``anthropic_messages``)
+turns its JSON body into a frozen, validated :class:`ChatRequest` -- messages in
+OpenAI chat form, which is also what a session stores -- with the helpers here
+(errors name the offending field).  A finished turn becomes one
+:class:`TurnResult`, its tool calls parsed once, which each protocol renders
+in its own shape; ``timings`` is ``Timings.to_json()``.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,7 @@ class ChatRequest:
     params: TurnParams
     session_id: str | None
     model: str
+    tool_choice: str = "auto"  # auto | required | a function's name (``none`` leaves ``tools`` None)
 
 
 def _typed(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -153,9 +155,10 @@ def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limi
         raise InvalidRequest("'n' must be 1")
     stream_options = _typed(body, "stream_options", dict, "an object") or {}
     session_id = header_session or _typed(body, "session_id", str, "a string")
+    tools = wire.parse_tools(body, limits)
     return ChatRequest(
         messages=wire.parse_messages(body.get("messages"), limits, n_ctx),
-        tools=wire.parse_tools(body, limits),
+        tools=tools,
         stream=bool(_typed(body, "stream", bool, "a boolean")),
         include_usage=bool(stream_options.get("include_usage")),
         params=TurnParams(prefill=parse_prefill(defaults.prefill, body.get("specprefill")),
@@ -163,6 +166,7 @@ def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limi
                           sampling=parse_sampling(body, limits.max_tokens_cap)),
         session_id=session_id,
         model=_typed(body, "model", str, "a string") or "",
+        tool_choice=wire.tool_choice(body.get("tool_choice"), tools),
     )
 
 
@@ -177,6 +181,7 @@ class TurnResult:
     message: dict[str, Any]
     finish_reason: str  # stop | length | tool_calls | cancelled
     timings: Timings
+    stop_sequence: str | None = None  # the stop string that ended the reply, if one did
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:
@@ -192,49 +197,9 @@ def turn_result(result: Result, tools: tuple[dict[str, Any], ...] | None) -> Tur
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
-    return TurnResult(message, "tool_calls" if calls else result.finish_reason, result.timings)
+    return TurnResult(message, "tool_calls" if calls else result.finish_reason, result.timings, result.stop_sequence)
 
 
-def usage(t: Timings) -> dict[str, Any]:
-    return {"prompt_tokens": t.context_n, "completion_tokens": t.predicted_n,
-            "total_tokens": t.context_n + t.predicted_n,
-            "prompt_tokens_details": {"cached_tokens": t.cache_n}}
-
-
-def new_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
-
-
-def completion(req_id: str, model: str, turn: TurnResult, session_id: str | None) -> dict[str, Any]:
-    body = {
-        "id": req_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": turn.message, "finish_reason": turn.openai_finish_reason,
-                     "logprobs": None}],
-        "usage": usage(turn.timings), "timings": turn.timings.to_json(),
-    }
-    if session_id:
-        body["session_id"] = session_id
-    return body
-
-
-def chunk(req_id: str, model: str, delta: dict[str, Any], finish: str | None = None,
-          **extra: Any) -> dict[str, Any]:
-    return {"id": req_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
-
-
-def final_chunks(req_id: str, model: str, turn: TurnResult, session_id: str | None,
-                 include_usage: bool) -> list[dict[str, Any]]:
-    """The stream's closing chunks: the tool calls (if any), the finish reason with the
-    timings, then ``usage`` when the client asked for it."""
-    out = []
-    if calls := turn.tool_calls:
-        out.append(chunk(req_id, model, {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
-    extra: dict[str, Any] = {"timings": turn.timings.to_json()}
-    if session_id:
-        extra["session_id"] = session_id
-    out.append(chunk(req_id, model, {}, turn.openai_finish_reason, **extra))
-    if include_usage:
-        out.append({"id": req_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                    "model": model, "choices": [], "usage": usage(turn.timings)})
-    return out
+def prompt_counts(t: Timings) -> tuple[int, int, int]:
+    """(prompt tokens, of them reused from cache, completion tokens): every protocol's usage."""
+    return t.context_n, t.cache_n, t.predicted_n

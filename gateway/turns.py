@@ -148,3 +148,4 @@ class TurnRunner:
         if late:
             await asyncio.wait(late, timeout=10)
         return len(late)
+

@@ -1,0 +1,280 @@
+"""The Anthropic Messages API: ``POST /v1/messages`` (plain and streamed) and
+``POST /v1/messages/count_tokens``.
+
+A body parses into the internal :class:`~gateway.protocol.ChatRequest`:
+``system`` becomes a system message, ``text`` blocks content, ``tool_use``
+blocks an assistant's ``tool_calls`` (arguments as JSON), ``tool_result``
+blocks ``role: tool`` messages, and ``tools``' ``input_schema`` a function's
+``parameters``.  The finished turn renders as a ``message`` object, or as the
+``message_start`` ... ``message_stop`` event sequence.  Errors on these routes
+take Anthropic's shape (see :mod:`gateway.errors`); ``cache_control`` is
+accepted and ignored, since SpecGate keeps every session's KV anyway, and
+reuse is reported as ``usage.cache_read_input_tokens``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+import structlog
+from aiohttp import web
+
+from core.config import DEFAULT_LIMITS, Limits, TurnParams
+from core.errors import InvalidRequest
+from gateway import keys, protocol, sse, tool_calls
+from gateway.bodies import json_response, read_json
+from gateway.errors import anthropic_body
+from gateway.protocol import ChatRequest, TurnResult
+from gateway.turn_http import begin, complete
+
+log = structlog.get_logger("specgate.http")
+routes = web.RouteTableDef()
+IGNORED_BLOCKS = ("thinking", "redacted_thinking")  # a model's own reasoning, sent back: not rendered
+STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "cancelled": "end_turn"}
+
+
+@routes.post("/v1/messages")
+async def create_message(request: web.Request) -> web.StreamResponse:
+    req = parse(await read_json(request), request)
+    turn = await begin(request, req)
+    model = req.model or request.app[keys.CONFIG].gateway.model_name
+    headers = {"X-Session-Id": req.session_id} if req.session_id else None
+    if req.stream:
+        return await sse.stream(request, turn, MessageEncoder(new_id(), model), headers)
+    return json_response(message(new_id(), model, await complete(request, turn)), headers=headers)
+
+
+@routes.post("/v1/messages/count_tokens")
+async def count_tokens(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    if isinstance(body, dict):
+        body = {**body, "max_tokens": 1}  # count_tokens takes no max_tokens
+    req = parse(body, request)
+    worker = request.app[keys.WORKER]
+    prompt = await worker.call(lambda engine: engine.chat.render(
+        [tool_calls.for_template(m) for m in req.messages], req.tools))
+    return json_response({"input_tokens": len(prompt.tokens)})
+
+
+def parse(body: Any, request: web.Request) -> ChatRequest:
+    config = request.app[keys.CONFIG]
+    return parse_messages_body(body, request.app[keys.DEFAULTS], request.headers.get("X-Session-Id"),
+                               config.gateway.limits, config.engine.n_ctx)
+
+
+def parse_messages_body(body: Any, defaults: TurnParams, header_session: str | None,
+                        limits: Limits = DEFAULT_LIMITS, n_ctx: int = 8192) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
+        raise InvalidRequest("'max_tokens' is required and must be an integer")
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequest("'messages' must be a non-empty list")
+    chat: list[dict[str, Any]] = [{"role": "system", "content": _system(body.get("system"))}] \
+        if body.get("system") else []
+    for i, m in enumerate(raw):
+        chat += _message(m, f"messages[{i}]")
+    tools = _tools(body.get("tools"))
+    choice = _tool_choice(body.get("tool_choice"))
+    chat_body = {
+        "messages": chat, "tools": tools, "tool_choice": choice, "model": body.get("model"),
+        "stream": body.get("stream"), "max_tokens": body["max_tokens"], "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"), "top_k": body.get("top_k"), "stop": body.get("stop_sequences"),
+        "session_id": body.get("session_id"), "specprefill": body.get("specprefill"),
+    }
+    return protocol.parse_chat({k: v for k, v in chat_body.items() if v is not None}, defaults, header_session,
+                               limits, n_ctx)
+
+
+def _text_of(blocks: Any, where: str) -> str:
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise InvalidRequest(f"{where} must be a string or a list of text blocks")
+    out = []
+    for i, b in enumerate(blocks):
+        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
+            kind = b.get("type") if isinstance(b, dict) else type(b).__name__
+            raise InvalidRequest(f"{where}[{i}] must be a text block; {kind!r} blocks are not supported here")
+        out.append(b["text"])
+    return "".join(out)
+
+
+def _system(system: Any) -> str:
+    return _text_of(system, "system")
+
+
+def _message(m: Any, where: str) -> list[dict[str, Any]]:
+    """One Anthropic message as OpenAI chat messages: tool results become ``role: tool``."""
+    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+        raise InvalidRequest(f"{where} must be an object with role 'user' or 'assistant'")
+    role, content = m["role"], m.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where}.content must be a string or a list of content blocks")
+    out: list[dict[str, Any]] = []
+    text: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for k, block in enumerate(content):
+        at = f"{where}.content[{k}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            text.append(block["text"])
+        elif kind == "tool_use" and role == "assistant":
+            calls.append(_tool_use(block, at))
+        elif kind == "tool_result" and role == "user":
+            if not isinstance(block.get("tool_use_id"), str):
+                raise InvalidRequest(f"{at}.tool_use_id must be a string")
+            result = block.get("content", "")
+            body = _text_of(result, f"{at}.content") if result else ""
+            out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
+                        "content": f"Error: {body}" if block.get("is_error") else body})
+        elif kind in IGNORED_BLOCKS:
+            continue
+        elif kind in ("image", "document"):
+            raise InvalidRequest(f"{at}: {kind} blocks are not supported (this server's models read text only)")
+        else:
+            raise InvalidRequest(f"{at} must be a text, tool_use (assistant) or tool_result (user) block, "
+                                 f"got {kind!r}")
+    if text or calls or not out:
+        msg: dict[str, Any] = {"role": role, "content": "".join(text) if text or not calls else None}
+        if calls:
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return out
+
+
+def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(block.get("name"), str) or not isinstance(block.get("id"), str):
+        raise InvalidRequest(f"{where} must have string 'id' and 'name'")
+    args = block.get("input", {})
+    if not isinstance(args, dict):
+        raise InvalidRequest(f"{where}.input must be an object")
+    return {"id": block["id"], "type": "function",
+            "function": {"name": block["name"], "arguments": orjson.dumps(args).decode()}}
+
+
+def _tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise InvalidRequest("'tools' must be a list")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise InvalidRequest(f"tools[{i}] must be an object with a string 'name'")
+        if "input_schema" not in t:  # a server tool (web search, bash, ...): nothing here can run it
+            log.warning("tool_ignored", name=t["name"], tool_type=t.get("type"))
+            continue
+        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                                      "parameters": t["input_schema"]}})
+    return out or None
+
+
+def _tool_choice(choice: Any) -> Any:
+    if choice is None:
+        return None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("auto", "none"):
+        return kind
+    if kind == "any":
+        return "required"
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    raise InvalidRequest("'tool_choice' must be {\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}")
+
+
+# -- responses -----------------------------------------------------------------
+def new_id() -> str:
+    return f"msg_{uuid.uuid4().hex[:24]}"
+
+
+def stop_reason(result: TurnResult) -> str:
+    if result.stop_sequence is not None:
+        return "stop_sequence"
+    return STOP_REASONS.get(result.finish_reason, "end_turn")
+
+
+def usage(result: TurnResult) -> dict[str, int]:
+    prompt, cached, completion = protocol.prompt_counts(result.timings)
+    return {"input_tokens": prompt - cached, "output_tokens": completion, "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0}
+
+
+def content_blocks(result: TurnResult) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if text := result.message.get("content"):
+        blocks.append({"type": "text", "text": text})
+    for call in result.tool_calls:
+        blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                       "input": _arguments(call)})
+    return blocks
+
+
+def _arguments(call: dict[str, Any]) -> dict[str, Any]:
+    try:
+        args = orjson.loads(call["function"]["arguments"] or "{}")
+    except orjson.JSONDecodeError:
+        return {}
+    return args if isinstance(args, dict) else {}
+
+
+def message(msg_id: str, model: str, result: TurnResult) -> dict[str, Any]:
+    return {"id": msg_id, "type": "message", "role": "assistant", "model": model,
+            "content": content_blocks(result), "stop_reason": stop_reason(result),
+            "stop_sequence": result.stop_sequence, "usage": usage(result),
+            "timings": result.timings.to_json()}
+
+
+class MessageEncoder:
+    """``message_start``, a text block's deltas, one block per tool call (its input as one
+    ``input_json_delta``), ``message_delta`` with the stop reason, ``message_stop``."""
+
+    def __init__(self, msg_id: str, model: str) -> None:
+        self.msg_id, self.model = msg_id, model
+        self.blocks = 0  # blocks opened so far
+        self.text_open = False
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        return sse.frame({"type": kind, **fields}, event=kind)
+
+    def start(self) -> list[bytes]:
+        shell: dict[str, Any] = {
+            "id": self.msg_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
+        return [self._event("message_start", message=shell), self._event("ping")]
+
+    def text(self, piece: str) -> list[bytes]:
+        out = []
+        if not self.text_open:
+            out.append(self._event("content_block_start", index=self.blocks,
+                                   content_block={"type": "text", "text": ""}))
+            self.text_open, self.blocks = True, self.blocks + 1
+        out.append(self._event("content_block_delta", index=self.blocks - 1,
+                               delta={"type": "text_delta", "text": piece}))
+        return out
+
+    def finish(self, result: TurnResult) -> list[bytes]:
+        out = []
+        if self.text_open:
+            out.append(self._event("content_block_stop", index=self.blocks - 1))
+        for call in result.tool_calls:
+            i = self.blocks
+            self.blocks += 1
+            out += [self._event("content_block_start", index=i, content_block={
+                        "type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": {}}),
+                    self._event("content_block_delta", index=i, delta={
+                        "type": "input_json_delta", "partial_json": orjson.dumps(_arguments(call)).decode()}),
+                    self._event("content_block_stop", index=i)]
+        out += [self._event("message_delta", delta={"stop_reason": stop_reason(result),
+                                                    "stop_sequence": result.stop_sequence},
+                            usage=usage(result), timings=result.timings.to_json()),
+                self._event("message_stop")]
+        return out
+
+    def error(self, exc: BaseException) -> list[bytes]:
+        return [sse.frame(anthropic_body(exc)[1], event="error")]

@@ -1,0 +1,68 @@
+"""Server-sent events: the one streaming loop every protocol's stream runs through.
+
+A protocol supplies an :class:`Encoder` that turns the turn's moments -- start,
+each text piece, the finished :class:`~gateway.protocol.TurnResult`, or a
+failure after the headers went out -- into its own SSE frames.  The loop
+owns what is the same everywhere: the headers, writing, and a client that
+goes away (counted, logged, and the turn stopped at its next token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+import orjson
+import structlog
+from aiohttp import web
+
+from gateway import keys
+from gateway.protocol import TurnResult
+from gateway.turns import Turn
+
+log = structlog.get_logger("specgate.http")
+HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def frame(data: dict[str, Any] | str, event: str | None = None) -> bytes:
+    """One SSE frame: ``event: <name>`` (when the protocol names its events) and ``data:``."""
+    payload = data if isinstance(data, str) else orjson.dumps(data).decode()
+    return (f"event: {event}\n" if event else "").encode() + f"data: {payload}\n\n".encode()
+
+
+class Encoder(Protocol):
+    def start(self) -> list[bytes]: ...
+    def text(self, piece: str) -> list[bytes]: ...
+    def finish(self, result: TurnResult) -> list[bytes]: ...
+    def error(self, exc: BaseException) -> list[bytes]: ...
+
+
+async def stream(request: web.Request, turn: Turn, encoder: Encoder,
+                 headers: dict[str, str] | None = None) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={**HEADERS, **(headers or {})})
+
+    async def send(frames: list[bytes]) -> None:
+        if frames:
+            await resp.write(b"".join(frames))
+
+    try:
+        await resp.prepare(request)
+        await send(encoder.start())
+        async for piece in turn.pieces():
+            await send(encoder.text(piece))
+        try:
+            result = await turn.result()
+        except Exception as exc:  # headers are out: report in-band
+            log.warning("stream_error", error=str(exc), error_type=type(exc).__name__)
+            await send(encoder.error(exc))
+            return resp
+        await send(encoder.finish(result))
+        await resp.write_eof()
+    except (ConnectionResetError, ConnectionError, asyncio.CancelledError) as exc:
+        request.app[keys.METRICS].disconnects.labels("sse").inc()
+        log.info("client_disconnected", stream=True, error=type(exc).__name__)
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+    finally:
+        turn.abandon()
+    return resp
