@@ -23,7 +23,7 @@ from aiohttp import WSCloseCode, web
 
 from core.config import GatewayConfig, ServeConfig, TurnParams
 from core.worker import ModelState, ModelWorker
-from gateway import anthropic_messages, auth, http_api, keys, openai_chat, openapi, ws_api
+from gateway import anthropic_messages, auth, http_api, keys, openai_chat, openai_responses, openapi, ws_api
 from gateway.errors import REJECTED, Handler, error_middleware
 from gateway.forward import route_to_owner, tag_replica
 from gateway.metrics import Metrics
@@ -222,6 +222,7 @@ def create_app(config: ServeConfig) -> web.Application:
     app.on_shutdown.append(drain)
     app.add_routes(openai_chat.routes)
     app.add_routes(anthropic_messages.routes)
+    app.add_routes(openai_responses.routes)
     app.add_routes(http_api.routes)
     app.add_routes(ws_api.routes)
     app.add_routes(openapi.routes)

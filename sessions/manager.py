@@ -94,6 +94,8 @@ class Session:
     kv: SessionKV = field(default_factory=SessionKV)
     messages: list[dict[str, Any]] = field(default_factory=list)
     cancel: threading.Event | None = None  # the running turn's
+    implicit: bool = False  # made by the server (a stored response's conversation), not named by a client
+    responses: list[dict[str, Any]] = field(default_factory=list)  # stored Responses API answers, newest last
 
     @property
     def key(self) -> str:
@@ -108,12 +110,13 @@ class Session:
             "last_status": self.last_status, "last_ttft_ms": self.last_ttft_ms,
             "kv": self.kv_location.value, "rebuilds": self.rebuilds, "messages": len(self.messages),
             "target_cached_tokens": self.kv.target.n_cached, "speculator_cached_tokens": self.kv.speculator.n_cached,
+            "implicit": self.implicit,
         }
 
     def record(self) -> dict[str, Any]:
         """What the store keeps: the metadata, the owner and the full history."""
         return {**self.meta(), "state": SessionState.IDLE.value, "owner": self.owner, "history": self.messages,
-                "version": self.version}
+                "version": self.version, "responses": self.responses}
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> Session:
@@ -128,6 +131,8 @@ class Session:
         s.rebuilds = int(rec.get("rebuilds", 0))
         s.messages = list(rec.get("history") or [])
         s.version = int(rec.get("version", 0))
+        s.implicit = bool(rec.get("implicit", False))
+        s.responses = list(rec.get("responses") or [])
         return s
 
 
@@ -212,27 +217,45 @@ class SessionManager:
             raise OwnedElsewhere(f"session {session_id!r} is served by replica {holder}", key, holder)
 
     # -- lifecycle -------------------------------------------------------------
-    async def create(self, owner: str, session_id: str | None = None) -> Session:
+    async def create(self, owner: str, session_id: str | None = None, implicit: bool = False) -> Session:
+        """``implicit``: a session the server made for the caller (it goes first when room is short)."""
         sid = check_id(session_id) if session_id is not None else f"sess-{uuid.uuid4().hex[:20]}"
         await self._own(session_key(owner, sid), sid, creating=True)
-        if session_id is not None and await self.exists(owner, sid):
+        if session_id is not None and not implicit and await self.exists(owner, sid):
             raise InvalidRequest(f"session {sid!r} already exists")
         self._admit(owner)
-        session = self._sessions.setdefault(session_key(owner, sid), Session(id=sid, owner=owner))
+        session = self._sessions.setdefault(session_key(owner, sid), Session(id=sid, owner=owner, implicit=implicit))
         self.mirror(session)
         log.info("session_created", session_id=sid)
         return session
 
     def _admit(self, owner: str) -> None:
-        """Room for one more session, or :class:`SessionLimit` naming the cap."""
+        """Room for one more session, or :class:`SessionLimit` naming the cap.  Implicit
+        sessions make room first: the least recently used idle one (the owner's, at the
+        per-key cap) is dropped, so server-made sessions never cost a client a 429."""
         if len(self._sessions) >= self.limits.max_sessions:
             self.sweep()
+        if len(self._sessions) >= self.limits.max_sessions:
+            self._evict_implicit(None)
+        if sum(s.owner == owner for s in self._sessions.values()) >= self.limits.max_sessions_per_key:
+            self._evict_implicit(owner)
         if len(self._sessions) >= self.limits.max_sessions:
             raise SessionLimit(f"this server holds its limit of {self.limits.max_sessions} sessions; "
                                "delete idle sessions or retry later")
         if sum(s.owner == owner for s in self._sessions.values()) >= self.limits.max_sessions_per_key:
             raise SessionLimit(f"this API key holds its limit of {self.limits.max_sessions_per_key} sessions; "
                                "delete some first")
+
+    def _evict_implicit(self, owner: str | None) -> None:
+        idle = [s for s in self._sessions.values() if s.implicit and s.state is SessionState.IDLE
+                and (owner is None or s.owner == owner)]
+        if idle:
+            victim = min(idle, key=lambda s: s.last_active)
+            del self._sessions[victim.key]
+            victim.state = SessionState.DELETED
+            self._drop_kv(victim)
+            self.writer.delete(victim.key)
+            log.info("implicit_session_evicted", session_key=victim.key)
 
     async def get_or_create(self, owner: str, session_id: str) -> Session:
         """The session named ``session_id``, created on first use (clients that speak only

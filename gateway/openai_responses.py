@@ -1,0 +1,390 @@
+"""The OpenAI Responses API: ``POST /v1/responses`` (plain and streamed),
+``GET``/``DELETE /v1/responses/{id}`` and ``POST /v1/responses/input_tokens``.
+
+``input`` items parse into the internal :class:`~gateway.protocol.ChatRequest`
+(``message`` items as chat messages, ``function_call`` items as an assistant's
+``tool_calls``, ``function_call_output`` items as ``role: tool``), with
+``instructions`` as the system message.  A stored response (``store``, the
+default) lives in a session the server makes for it: the response id names
+that session, so ``previous_response_id`` continues the conversation *and its
+KV* -- the follow-up sends only its new items and prefills only them -- on any
+replica (the record is in Redis, under the caller's key, with the session's
+TTL; another key's id is simply not found).  A session keeps its last
+:data:`KEPT_RESPONSES` responses; server-made sessions are the first to go
+when a key reaches its session cap.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from core.errors import InvalidRequest, SessionNotFound
+from gateway import keys, protocol, sse, tool_calls
+from gateway.auth import OWNER
+from gateway.bodies import json_response, read_json
+from gateway.errors import error_body
+from gateway.protocol import ChatRequest, TurnResult
+from gateway.turn_http import begin, complete
+from sessions.manager import Session
+
+log = structlog.get_logger("specgate.http")
+routes = web.RouteTableDef()
+KEPT_RESPONSES = 16  # per conversation: what GET /v1/responses/{id} and previous_response_id can reach
+_ID = re.compile(r"resp_([0-9a-f]{20})_[0-9a-f]{8}")
+TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+ECHOED = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "previous_response_id",
+          "temperature", "top_p", "user", "prompt_cache_key")
+
+
+@dataclass(slots=True, frozen=True)
+class ResponsesRequest:
+    chat: ChatRequest
+    previous_response_id: str | None
+    store: bool
+    instructions: str | None
+    echo: dict[str, Any]  # request fields a response object repeats back
+
+
+# -- routes ----------------------------------------------------------------------
+@routes.post("/v1/responses")
+async def create_response(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request)
+    session, history = await _continued(request, body)
+    req = parse(body, request, history)
+    if session is None and req.store:  # a new conversation, kept so a follow-up can continue it
+        session = await request.app[keys.MANAGER].create(request[OWNER], f"resp-{uuid.uuid4().hex[:20]}",
+                                                         implicit=True)
+    turn = await begin(request, req.chat, session)
+    resp_id = new_id(session)
+    model = req.chat.model or request.app[keys.CONFIG].gateway.model_name
+    built = Builder(resp_id, model, req)
+    if req.chat.stream:
+        return await sse.stream(request, turn, ResponseEncoder(built, lambda r: _keep(request, session, r)))
+    out = built.response(await complete(request, turn))
+    _keep(request, session, out)
+    return json_response(out)
+
+
+@routes.get("/v1/responses/{id}")
+async def get_response(request: web.Request) -> web.Response:
+    _, entry = await _stored(request, request.match_info["id"])
+    return json_response(entry["body"])
+
+
+@routes.delete("/v1/responses/{id}")
+async def delete_response(request: web.Request) -> web.Response:
+    resp_id = request.match_info["id"]
+    session, _ = await _stored(request, resp_id)
+    manager = request.app[keys.MANAGER]
+    session.responses = [r for r in session.responses if r["id"] != resp_id]
+    if session.responses or not session.implicit:
+        manager.mirror(session)
+    else:
+        await manager.delete(session.owner, session.id)
+    return json_response({"id": resp_id, "object": "response", "deleted": True})
+
+
+@routes.post("/v1/responses/input_tokens")
+async def input_tokens(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    _, history = await _continued(request, body)
+    req = parse(body, request, history)
+    prompt = await request.app[keys.WORKER].call(lambda engine: engine.chat.render(
+        [tool_calls.for_template(m) for m in req.chat.messages], req.chat.tools))
+    return json_response({"object": "response.input_tokens", "input_tokens": len(prompt.tokens)})
+
+
+# -- conversations ---------------------------------------------------------------------
+def new_id(session: Session | None) -> str:
+    """``resp_<conversation>_<n>``: the id names the session that holds it (none: not stored)."""
+    base = session.id.removeprefix("resp-") if session is not None else uuid.uuid4().hex[:20]
+    return f"resp_{base}_{uuid.uuid4().hex[:8]}"
+
+
+def session_id_of(resp_id: str) -> str:
+    if not isinstance(resp_id, str) or not (m := _ID.fullmatch(resp_id)):
+        raise SessionNotFound(f"response {resp_id!r} not found")
+    return f"resp-{m.group(1)}"
+
+
+async def _stored(request: web.Request, resp_id: str) -> tuple[Session, dict[str, Any]]:
+    """The caller's session holding ``resp_id`` and its entry; 404 when there is none (another
+    key's, deleted, expired or evicted responses alike)."""
+    try:
+        session = await request.app[keys.MANAGER].get(request[OWNER], session_id_of(resp_id))
+    except SessionNotFound:
+        raise SessionNotFound(f"response {resp_id!r} not found") from None
+    for entry in session.responses:
+        if entry["id"] == resp_id:
+            return session, entry
+    raise SessionNotFound(f"response {resp_id!r} not found")
+
+
+async def _continued(request: web.Request, body: Any) -> tuple[Session | None, list[dict[str, Any]]]:
+    """The session ``previous_response_id`` continues and the history up to that response
+    (its instructions left out: a request's own instructions apply), or (None, [])."""
+    if not isinstance(body, dict) or body.get("previous_response_id") is None:
+        return None, []
+    session, entry = await _stored(request, body["previous_response_id"])
+    history = session.messages[: entry["n"]]
+    return session, history[1:] if entry["instructions"] and history else history
+
+
+def _keep(request: web.Request, session: Session | None, response: dict[str, Any]) -> None:
+    """Keep ``response`` in its conversation.  A reply to an older response branches the
+    history, so the responses after that one, which it no longer holds, are dropped."""
+    if session is None:
+        return
+    prev = response.get("previous_response_id")
+    upto = next((r["n"] for r in session.responses if r["id"] == prev), 0)
+    kept = [r for r in session.responses if r["n"] <= upto]
+    if response["store"] and response["status"] != "failed":
+        entry = {"id": response["id"], "n": len(session.messages),
+                 "instructions": bool(response.get("instructions")), "body": response}
+        kept = [*kept, entry][-KEPT_RESPONSES:]
+    session.responses = kept
+    request.app[keys.MANAGER].mirror(session)
+
+
+# -- parsing ---------------------------------------------------------------------------
+def parse(body: Any, request: web.Request, history: list[dict[str, Any]]) -> ResponsesRequest:
+    config = request.app[keys.CONFIG]
+    return parse_body(body, history, request.app[keys.DEFAULTS], config.gateway.limits, config.engine.n_ctx)
+
+
+def parse_body(body: Any, history: list[dict[str, Any]], defaults: Any, limits: Any, n_ctx: int) -> ResponsesRequest:
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    for key in ("background", "conversation"):
+        if body.get(key):
+            raise InvalidRequest(f"'{key}' is not supported by this server")
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        raise InvalidRequest(f"text.format {fmt.get('type')!r} is not supported by this server")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise InvalidRequest("'instructions' must be a string")
+    if "input" not in body:
+        raise InvalidRequest("'input' is required: a string or a list of items")
+    messages = ([{"role": "system", "content": instructions}] if instructions else []) + history + items(body["input"])
+    chat_body = {"messages": messages, "tools": _tools(body.get("tools")), "model": body.get("model"),
+                 "tool_choice": _tool_choice(body.get("tool_choice")), "stream": body.get("stream"),
+                 "max_tokens": body.get("max_output_tokens"), "temperature": body.get("temperature"),
+                 "top_p": body.get("top_p"), "specprefill": body.get("specprefill")}
+    chat = protocol.parse_chat({k: v for k, v in chat_body.items() if v is not None}, defaults, None, limits, n_ctx)
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16
+                                     and all(isinstance(v, str) and len(v) <= 512 for v in metadata.values())):
+        raise InvalidRequest("'metadata' must be an object of at most 16 string values (512 characters each)")
+    store = body.get("store", True)
+    if not isinstance(store, bool):
+        raise InvalidRequest("'store' must be a boolean")
+    echo = {k: body.get(k) for k in ECHOED} | {"tools": body.get("tools") or [],
+                                                "tool_choice": body.get("tool_choice", "auto")}
+    return ResponsesRequest(chat, body.get("previous_response_id"), store, instructions, echo)
+
+
+def items(raw: Any) -> list[dict[str, Any]]:
+    """``input`` as chat messages: a string is one user message."""
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    if not isinstance(raw, list):
+        raise InvalidRequest("'input' must be a string or a list of items")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(raw):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"{where} must be an object")
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            out.append({"role": item.get("role"), "content": _text(item.get("content"), f"{where}.content")})
+        elif kind == "function_call":
+            _function_call(out, item, where)
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise InvalidRequest(f"{where}.call_id must be a string")
+            out.append({"role": "tool", "tool_call_id": item["call_id"],
+                        "content": _text(item.get("output", ""), f"{where}.output")})
+        elif kind == "reasoning":
+            continue  # a reasoning model's own summary, sent back: nothing to render
+        else:
+            raise InvalidRequest(f"{where}.type {kind!r} is not supported; expected message, function_call or "
+                                 "function_call_output")
+    return out
+
+
+def _function_call(out: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
+    """A call joins the assistant message before it, as chat templates render one turn."""
+    if not isinstance(item.get("name"), str) or not isinstance(item.get("call_id"), str):
+        raise InvalidRequest(f"{where} must have string 'call_id' and 'name'")
+    args = item.get("arguments", "{}")
+    if not isinstance(args, str):
+        raise InvalidRequest(f"{where}.arguments must be a JSON string")
+    call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": args}}
+    if out and out[-1]["role"] == "assistant":
+        out[-1].setdefault("tool_calls", []).append(call)
+        return
+    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where} must be a string or a list of content parts")
+    parts = []
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS:
+            raise InvalidRequest(f"{where}[{k}]: {kind!r} parts are not supported (this server's models read "
+                                 "text only)")
+        text = part.get("refusal" if kind == "refusal" else "text")
+        if not isinstance(text, str):
+            raise InvalidRequest(f"{where}[{k}].text must be a string")
+        parts.append(text)
+    return "".join(parts)
+
+
+def _tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise InvalidRequest("'tools' must be a list")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict):
+            raise InvalidRequest(f"tools[{i}] must be an object")
+        if t.get("type") != "function":  # hosted tools (web search, shell, ...): nothing here can run them
+            log.warning("tool_ignored", tool_type=t.get("type"), name=t.get("name"))
+            continue
+        if not isinstance(t.get("name"), str):
+            raise InvalidRequest(f"tools[{i}].name must be a string")
+        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
+                                                      "parameters": t.get("parameters") or {}}})
+    return out or None
+
+
+def _tool_choice(choice: Any) -> Any:
+    if choice is None or isinstance(choice, str):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    raise InvalidRequest("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}")
+
+
+# -- rendering -------------------------------------------------------------------------
+class Builder:
+    """One response's objects: its items, and the response object at each status."""
+
+    def __init__(self, resp_id: str, model: str, req: ResponsesRequest) -> None:
+        self.resp_id, self.model, self.req = resp_id, model, req
+        self.created = int(time.time())
+        self.msg_id = f"msg_{uuid.uuid4().hex[:24]}"
+
+    def shell(self, status: str) -> dict[str, Any]:
+        echo = self.req.echo
+        return {"id": self.resp_id, "object": "response", "created_at": self.created, "status": status,
+                "error": None, "incomplete_details": None, "model": self.model, "output": [],
+                "parallel_tool_calls": echo["parallel_tool_calls"] is not False,
+                "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": self.req.store,
+                "reasoning": {"effort": None, "summary": None}, "usage": None,
+                **{k: echo[k] for k in ECHOED if k != "parallel_tool_calls"},
+                "metadata": echo["metadata"] or {}, "tools": echo["tools"], "tool_choice": echo["tool_choice"]}
+
+    def message_item(self, text: str, status: str = "completed") -> dict[str, Any]:
+        return {"type": "message", "id": self.msg_id, "status": status, "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if text
+                or status != "completed" else []}
+
+    @staticmethod
+    def call_item(call: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "function_call", "id": "fc_" + call["id"].removeprefix("call_"), "call_id": call["id"],
+                "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": "completed"}
+
+    def output(self, result: TurnResult) -> list[dict[str, Any]]:
+        text = result.message.get("content") or ""
+        calls = [self.call_item(c) for c in result.tool_calls]
+        return ([self.message_item(text)] if text or not calls else []) + calls
+
+    def response(self, result: TurnResult) -> dict[str, Any]:
+        incomplete = result.finish_reason == "length"
+        prompt, cached, completion = protocol.prompt_counts(result.timings)
+        return {**self.shell("incomplete" if incomplete else "completed"), "output": self.output(result),
+                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+                "usage": {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+                          "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+                          "total_tokens": prompt + completion},
+                "timings": result.timings.to_json()}
+
+
+class ResponseEncoder:
+    """The Responses event sequence, each event with its ``sequence_number``: created,
+    in_progress, the message item's text deltas, one item per function call, completed."""
+
+    def __init__(self, built: Builder, on_done: Callable[[dict[str, Any]], None]) -> None:
+        self.b, self.on_done = built, on_done
+        self.seq = 0
+        self.said: list[str] | None = None  # the message item's text so far, once the item is open
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        frame = sse.frame({"type": kind, "sequence_number": self.seq, **fields}, event=kind)
+        self.seq += 1
+        return frame
+
+    def start(self) -> list[bytes]:
+        return [self._event("response.created", response=self.b.shell("in_progress")),
+                self._event("response.in_progress", response=self.b.shell("in_progress"))]
+
+    def text(self, piece: str) -> list[bytes]:
+        out = []
+        part = {"item_id": self.b.msg_id, "output_index": 0, "content_index": 0}
+        if self.said is None:
+            self.said = []
+            out += [self._event("response.output_item.added", output_index=0,
+                                item=self.b.message_item("", "in_progress")),
+                    self._event("response.content_part.added", **part,
+                                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+        self.said.append(piece)
+        return [*out, self._event("response.output_text.delta", **part, delta=piece, logprobs=[])]
+
+    def finish(self, result: TurnResult) -> list[bytes]:
+        response = self.b.response(result)
+        out = []
+        if self.said is not None:
+            text = result.message.get("content") or "".join(self.said)
+            part = {"item_id": self.b.msg_id, "output_index": 0, "content_index": 0}
+            item = self.b.message_item(text)
+            out += [self._event("response.output_text.done", **part, text=text, logprobs=[]),
+                    self._event("response.content_part.done", **part, part=item["content"][0]),
+                    self._event("response.output_item.done", output_index=0, item=item)]
+        first = 0 if self.said is None else 1
+        for k, call in enumerate(result.tool_calls):
+            index, item = first + k, self.b.call_item(call)
+            out += [self._event("response.output_item.added", output_index=index,
+                                item={**item, "arguments": "", "status": "in_progress"}),
+                    self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                                delta=item["arguments"]),
+                    self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                arguments=item["arguments"]),
+                    self._event("response.output_item.done", output_index=index, item=item)]
+        if self.said is None and not result.tool_calls:  # an empty reply is still one message item
+            response["output"] = [self.b.message_item("")]
+        self.on_done(response)
+        # response.completed even when max_output_tokens cut it (status "incomplete"): the openai
+        # and openai-agents clients take their final response only from that event
+        return [*out, self._event("response.completed", response=response)]
+
+    def error(self, exc: BaseException) -> list[bytes]:
+        status, body = error_body(exc)
+        failed = {**self.b.shell("failed"), "error": {"code": body["error"]["code"],
+                                                     "message": body["error"]["message"]}}
+        return [self._event("error", code=body["error"]["code"], message=body["error"]["message"], param=None),
+                self._event("response.failed", response=failed)]
