@@ -42,6 +42,55 @@ _CHAT = {"type": "object", "required": ["messages"], "properties": {
     "speculative": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
     "specattn": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
 }}
+_TEXT_BLOCK = {"type": "object", "required": ["type", "text"], "properties": {
+    "type": {"type": "string", "enum": ["text"]}, "text": {"type": "string", "maxLength": 2000}}}
+_BLOCK = {"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string", "enum": ["text", "tool_use", "tool_result"]}, "text": {"type": "string"},
+    "id": {"type": "string"}, "name": {"type": "string"}, "input": {"type": "object"},
+    "tool_use_id": {"type": "string"}, "content": {"type": "string"}, "is_error": {"type": "boolean"}}}
+_A_MESSAGE = {"type": "object", "required": ["role", "content"], "properties": {
+    "role": {"type": "string", "enum": ["user", "assistant"]},
+    "content": {"oneOf": [{"type": "string", "maxLength": 2000}, {"type": "array", "items": _BLOCK, "maxItems": 4}]}}}
+_A_TOOL = {"type": "object", "required": ["name", "input_schema"], "properties": {
+    "name": {"type": "string"}, "description": {"type": "string"}, "input_schema": {"type": "object"}}}
+_MESSAGES = {"type": "object", "required": ["model", "max_tokens", "messages"], "properties": {
+    "model": {"type": "string"}, "max_tokens": {"type": "integer", "minimum": 1, "maximum": 8},
+    "messages": {"type": "array", "items": _A_MESSAGE, "minItems": 1, "maxItems": 8},
+    "system": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_BLOCK}]},
+    "tools": {"type": "array", "items": _A_TOOL},
+    "tool_choice": {"type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]}, "name": {"type": "string"}}},
+    "stop_sequences": {"type": "array", "items": {"type": "string"}}, "stream": {"type": "boolean"},
+    "temperature": {"type": "number"}, "top_p": {"type": "number"}, "top_k": {"type": "integer"},
+    "metadata": {"type": "object", "properties": {"user_id": {"type": "string"}}}}}
+_ITEM = {"type": "object", "properties": {
+    "type": {"type": "string", "enum": ["message", "function_call", "function_call_output"]},
+    "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]},
+    "content": {"type": "string", "maxLength": 2000}, "call_id": {"type": "string"}, "name": {"type": "string"},
+    "arguments": {"type": "string"}, "output": {"type": "string"}}}
+_R_TOOL = {"type": "object", "required": ["type", "name"], "properties": {
+    "type": {"type": "string", "enum": ["function"]}, "name": {"type": "string"},
+    "description": {"type": "string"}, "parameters": {"type": "object"}}}
+_RESPONSE = {"type": "object", "required": ["input"], "properties": {
+    "model": {"type": "string"}, "instructions": {"type": "string"},
+    "input": {"oneOf": [{"type": "string", "maxLength": 2000}, {"type": "array", "items": _ITEM, "maxItems": 8}]},
+    "previous_response_id": {"type": "string"}, "tools": {"type": "array", "items": _R_TOOL},
+    "tool_choice": {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]}, {"type": "object"}]},
+    "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": 8}, "stream": {"type": "boolean"},
+    "store": {"type": "boolean"}, "temperature": {"type": "number"}, "top_p": {"type": "number"},
+    "metadata": {"type": "object", "additionalProperties": {"type": "string"}}}}
+_RESPONSE_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _post(operation: str, schema: dict[str, Any], stream: bool = False) -> dict[str, Any]:
+    content = {"application/json": {"schema": {"type": "object"}}}
+    if stream:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    return {"post": {"operationId": operation,
+                     "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
+                     "responses": {**_RESPONSES, "200": {"description": "ok", "content": content}}}}
+
+
 _RESPONSES = {"200": _JSON_OK, "400": _ERROR, "401": _ERROR, "404": _ERROR, "409": _ERROR, "413": _ERROR,
               "429": _ERROR, "503": _ERROR}
 _SESSION_ID = {"name": "id", "in": "path", "required": True, "schema": _ID}
@@ -50,7 +99,8 @@ _SESSION_HEADER = {"name": "X-Session-Id", "in": "header", "required": False, "s
 SPEC: dict[str, Any] = {
     "openapi": "3.0.3",
     "info": {"title": "SpecGate", "version": "0.1.0"},
-    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                       "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
     "security": [{"bearer": []}],
     "paths": {
         "/v1/chat/completions": {"post": {
@@ -59,6 +109,13 @@ SPEC: dict[str, Any] = {
             "responses": {**_RESPONSES, "200": {"description": "a completion, or an SSE stream", "content": {
                 "application/json": {"schema": {"type": "object"}},
                 "text/event-stream": {"schema": {"type": "string"}}}}}}},
+        "/v1/messages": _post("messages", _MESSAGES, stream=True),
+        "/v1/messages/count_tokens": _post("count_tokens", _MESSAGES),
+        "/v1/responses": _post("responses", _RESPONSE, stream=True),
+        "/v1/responses/input_tokens": _post("response_input_tokens", _RESPONSE),
+        "/v1/responses/{id}": {
+            "get": {"operationId": "get_response", "parameters": [_RESPONSE_ID], "responses": _RESPONSES},
+            "delete": {"operationId": "delete_response", "parameters": [_RESPONSE_ID], "responses": _RESPONSES}},
         "/v1/models": {"get": {"operationId": "models", "responses": {"200": _JSON_OK, "401": _ERROR}}},
         "/v1/sessions": {"post": {
             "operationId": "create_session",
