@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from core.constraints import Constraint
 from core.errors import ConfigError
 
 SELECT_MODES = ("mass", "chunk")
@@ -213,6 +214,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int = 0
     stop: tuple[str, ...] = ()
+    constraint: Constraint | None = None  # forced calls or a JSON reply (core.constraints)
 
     def __post_init__(self) -> None:
         _require(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")

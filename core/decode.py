@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import llama_cpp
 
 from core.config import SamplingParams
+from core.guided import Guide
 from core.llama_bindings import Context, Model, Seq
 from core.steps import Tokens, Turn
 from core.stop import StopMatcher
@@ -21,7 +22,9 @@ OnText = Callable[[str], bool]
 class Sampler:
     """A llama.cpp sampler chain built from SamplingParams (greedy at temperature 0)."""
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, model: Model | None = None) -> None:
+        # a constrained reply masks the logits first (core.guided); only plain decoding does
+        self.guide = Guide(model, params.constraint) if params.constraint is not None and model else None
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         self._ptr = llama_cpp.llama_sampler_chain_init(chain_params)
         add = lambda s: llama_cpp.llama_sampler_chain_add(self._ptr, s)  # noqa: E731
@@ -37,7 +40,12 @@ class Sampler:
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
         """From the logits of batch index ``idx`` of the context's last batch."""
-        return int(llama_cpp.llama_sampler_sample(self._ptr, ctx.ptr, idx))
+        if self.guide is not None:
+            self.guide.mask(ctx.ptr, idx)
+        tok = int(llama_cpp.llama_sampler_sample(self._ptr, ctx.ptr, idx))
+        if self.guide is not None:
+            self.guide.accept(tok)
+        return tok
 
     def close(self) -> None:
         if self._ptr:
@@ -54,6 +62,8 @@ class Generation:
     decode_s: float
     n_decoded: int  # leading tokens of ``tokens`` that were decoded into the KV cache
     stop_sequence: str | None = None  # the stop string that ended the reply, if one did
+    grammar_ms: float = 0.0  # compiling the reply's constraint
+    mask_ms: float = 0.0  # masking logits under it, over the whole reply
 
 
 class TextStream:
@@ -108,7 +118,7 @@ def generate(seq: Seq, n_past: int, params: SamplingParams, on_text: OnText | No
     """Sample from the logits already in the context (batch index ``idx``; the prompt's
     last position is ``n_past - 1``) until EOG, a stop string, ``max_tokens`` or the
     callback says stop.  Each new token is a one-token request (see core.steps)."""
-    sampler = Sampler(params)
+    sampler = Sampler(params, seq.model)
     stream = TextStream(seq.model, params, on_text)
     t0 = time.perf_counter()
     first_s = 0.0
@@ -125,5 +135,7 @@ def generate(seq: Seq, n_past: int, params: SamplingParams, on_text: OnText | No
     finally:
         sampler.close()
     text = stream.close()
+    guide = sampler.guide
+    grammar_ms, mask_ms = (guide.compile_s * 1e3, guide.mask_s * 1e3) if guide else (0.0, 0.0)
     return Generation(text, stream.tokens, stream.finish, first_s, time.perf_counter() - t0, n_decoded,
-                      stream.stop_sequence)
+                      stream.stop_sequence, grammar_ms, mask_ms)

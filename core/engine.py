@@ -400,8 +400,11 @@ class Engine:
         positions = np.full(len(delta), -1)
         positions[kept] = np.arange(kept.size) + base if mode == "compact" else kept + base
         kv.extend(delta, positions.tolist())
-        if params.decoding.mode is DecodeMode.PLAIN:
+        if params.decoding.mode is DecodeMode.PLAIN or params.sampling.constraint is not None:
+            # a constrained reply decodes plainly: drafts are not checked against the grammar
             gen = yield from generate(seq, n_past, params.sampling, on_text, idx)
+            if constraint := params.sampling.constraint:
+                t.constraint, t.grammar_ms, t.mask_ms = constraint.kind, gen.grammar_ms, gen.mask_ms
         else:
             gen = yield from self.speculate(kv_all, prompt, params.decoding, params.sampling, on_text, t, slot, idx)
         kv.extend(gen.tokens[: gen.n_decoded], range(n_past, n_past + gen.n_decoded))

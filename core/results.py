@@ -68,6 +68,9 @@ class Timings:
     prefix_shared_n: int = 0  # target tokens this session started from a shared prefix (cache or resident session)
     prefix_built_n: int = 0  # system-prompt tokens this turn prefilled into the prefix cache
     decode_mode: str = DecodeMode.PLAIN.value
+    constraint: str = ""  # what the reply was held to (core.constraints kinds); "" when free
+    grammar_ms: float = 0.0
+    mask_ms: float = 0.0
     draft_sync_ms: float = 0.0  # bringing the draft up to the prompt before speculating
     speculative: SpeculativeStats = field(default_factory=SpeculativeStats)
 
@@ -97,6 +100,9 @@ class Timings:
             "kv_rebuilt": self.kv_rebuilt, "prefix_shared_n": self.prefix_shared_n,
             "prefix_built_n": self.prefix_built_n, "decode_mode": self.decode_mode,
         }
+        if self.constraint:
+            out.update({"constraint": self.constraint, "grammar_ms": round(self.grammar_ms, 2),
+                        "mask_ms": round(self.mask_ms, 2)})
         if self.decode_mode != DecodeMode.PLAIN:
             s = self.speculative
             out.update({

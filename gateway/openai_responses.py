@@ -166,9 +166,7 @@ def parse_body(body: Any, history: list[dict[str, Any]], defaults: Any, limits: 
     for key in ("background", "conversation"):
         if body.get(key):
             raise InvalidRequest(f"'{key}' is not supported by this server")
-    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
-    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
-        raise InvalidRequest(f"text.format {fmt.get('type')!r} is not supported by this server")
+    fmt = body["text"].get("format") if isinstance(body.get("text"), dict) else None
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRequest("'instructions' must be a string")
@@ -178,7 +176,8 @@ def parse_body(body: Any, history: list[dict[str, Any]], defaults: Any, limits: 
     chat_body = {"messages": messages, "tools": _tools(body.get("tools")), "model": body.get("model"),
                  "tool_choice": _tool_choice(body.get("tool_choice")), "stream": body.get("stream"),
                  "max_tokens": body.get("max_output_tokens"), "temperature": body.get("temperature"),
-                 "top_p": body.get("top_p"), "specprefill": body.get("specprefill")}
+                 "top_p": body.get("top_p"), "specprefill": body.get("specprefill"),
+                 "parallel_tool_calls": body.get("parallel_tool_calls"), "response_format": _format(fmt)}
     chat = protocol.parse_chat({k: v for k, v in chat_body.items() if v is not None}, defaults, None, limits, n_ctx)
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16
@@ -187,7 +186,7 @@ def parse_body(body: Any, history: list[dict[str, Any]], defaults: Any, limits: 
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise InvalidRequest("'store' must be a boolean")
-    echo = {k: body.get(k) for k in ECHOED} | {"tools": body.get("tools") or [],
+    echo = {k: body.get(k) for k in ECHOED} | {"tools": body.get("tools") or [], "format": fmt,
                                                 "tool_choice": body.get("tool_choice", "auto")}
     return ResponsesRequest(chat, body.get("previous_response_id"), store, instructions, echo)
 
@@ -272,6 +271,14 @@ def _tools(tools: Any) -> list[dict[str, Any]] | None:
     return out or None
 
 
+def _format(fmt: Any) -> Any:
+    """``text.format`` in chat's ``response_format`` form (the schema sits one level up here)."""
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema"),
+                                                       "strict": fmt.get("strict")}}
+    return fmt
+
+
 def _tool_choice(choice: Any) -> Any:
     if choice is None or isinstance(choice, str):
         return choice
@@ -294,7 +301,8 @@ class Builder:
         return {"id": self.resp_id, "object": "response", "created_at": self.created, "status": status,
                 "error": None, "incomplete_details": None, "model": self.model, "output": [],
                 "parallel_tool_calls": echo["parallel_tool_calls"] is not False,
-                "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": self.req.store,
+                "text": {"format": echo["format"] or {"type": "text"}}, "truncation": "disabled",
+                "store": self.req.store,
                 "reasoning": {"effort": None, "summary": None}, "usage": None,
                 **{k: echo[k] for k in ECHOED if k != "parallel_tool_calls"},
                 "metadata": echo["metadata"] or {}, "tools": echo["tools"], "tool_choice": echo["tool_choice"]}

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from core import constraints
 from core.config import (
     DEFAULT_LIMITS,
     POSITION_MODES,
@@ -25,13 +26,14 @@ from core.config import (
     TurnParams,
     override,
 )
+from core.constraints import Constraint
 from core.errors import ConfigError, InvalidRequest
 from core.results import Result, Timings
 from gateway import messages as wire
 from gateway import tool_calls
 
 SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop")
-UNSUPPORTED = ("grammar", "response_format", "logprobs", "top_logprobs", "logit_bias")
+UNSUPPORTED = ("grammar", "logprobs", "top_logprobs", "logit_bias")
 # what a request may change of the server's SpecPrefill policy, with bounds; break-even,
 # min_tokens, the guard's sizes and keywords stay the server's
 REQUEST_PREFILL: dict[str, tuple[type, Any, Any]] = {
@@ -156,6 +158,9 @@ def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limi
     stream_options = _typed(body, "stream_options", dict, "an object") or {}
     session_id = header_session or _typed(body, "session_id", str, "a string")
     tools = wire.parse_tools(body, limits)
+    choice = wire.tool_choice(body.get("tool_choice"), tools)
+    parallel = _typed(body, "parallel_tool_calls", bool, "a boolean") is not False
+    constraint = output_constraint(tools, choice, parallel, body.get("response_format"))
     return ChatRequest(
         messages=wire.parse_messages(body.get("messages"), limits, n_ctx),
         tools=tools,
@@ -163,11 +168,48 @@ def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limi
         include_usage=bool(stream_options.get("include_usage")),
         params=TurnParams(prefill=parse_prefill(defaults.prefill, body.get("specprefill")),
                           decoding=parse_decoding(defaults.decoding, body),
-                          sampling=parse_sampling(body, limits.max_tokens_cap)),
+                          sampling=override(parse_sampling(body, limits.max_tokens_cap), constraint=constraint)),
         session_id=session_id,
         model=_typed(body, "model", str, "a string") or "",
-        tool_choice=wire.tool_choice(body.get("tool_choice"), tools),
+        tool_choice=choice,
     )
+
+
+def output_constraint(tools: tuple[dict[str, Any], ...] | None, choice: str, parallel: bool,
+                      response_format: Any) -> Constraint | None:
+    """What the reply is held to.  A forced call (``required`` or a named function) wins over
+    ``response_format``, which then applies to the reply after the tool results; with tools
+    on ``auto`` the reply is the JSON answer or calls; a call the model starts on its own
+    must name an offered tool with valid arguments."""
+    syntax = constraints.SYNTAXES["qwen"]  # the family tool_calls.parse reads
+    schema, wants_json = json_format(response_format)
+    offered = list(tools or ())
+    if offered and choice != "auto":  # required, or one named function
+        forced = constraints.tool_call(offered, choice, parallel, syntax)
+        return constraints.check(forced) if forced else None
+    if wants_json:
+        built = constraints.json_or_tool_call(schema, offered, parallel, syntax) if offered \
+            else constraints.json_reply(schema)
+        return constraints.check(built)
+    return constraints.check(c) if (c := constraints.tool_call(offered, "auto", parallel, syntax)) else None
+
+
+def json_format(raw: Any) -> tuple[dict[str, Any] | None, bool]:
+    """OpenAI's ``response_format``: (the JSON schema or None, whether the reply must be JSON)."""
+    if raw is None:
+        return None, False
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "text":
+        return None, False
+    if kind == "json_object":
+        return None, True
+    if kind == "json_schema":
+        spec = raw.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise InvalidRequest("'response_format.json_schema.schema' must be a JSON schema object")
+        return schema, True
+    raise InvalidRequest("'response_format.type' must be 'text', 'json_object' or 'json_schema'")
 
 
 # -- responses -----------------------------------------------------------------

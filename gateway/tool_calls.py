@@ -27,10 +27,19 @@ def _call(obj: Any, names: set[str] | None) -> dict[str, Any] | None:
 
 
 def _loads(text: str) -> Any:
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
+    """JSON, also in the forms small models write: fenced, or doubled braces (the chat
+    template's own example, ``{{"name": ..., "arguments": ...}}``)."""
+    text = text.strip()
+    if fenced := _FENCE.match(text):
+        text = fenced.group(1).strip()
+    for candidate in (text, text[1:-1] if text.startswith("{{") and text.endswith("}}") else None):
+        if candidate is None:
+            continue
+        try:
+            return orjson.loads(candidate)
+        except orjson.JSONDecodeError:
+            continue
+    return None
 
 
 def parse(text: str, names: set[str] | None = None) -> tuple[str | None, list[dict[str, Any]]]:
@@ -43,9 +52,7 @@ def parse(text: str, names: set[str] | None = None) -> tuple[str | None, list[di
         content = text[: text.index(OPEN)].strip() or None
         return (content, calls) if calls else (text, [])
     if names:
-        stripped = text.strip()
-        fenced = _FENCE.match(stripped)
-        doc = _loads(fenced.group(1) if fenced else stripped)
+        doc = _loads(text)
         items = doc if isinstance(doc, list) else [doc]
         calls = [c for item in items if (c := _call(item, names)) is not None]
         if calls and len(calls) == len(items):

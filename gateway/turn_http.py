@@ -9,6 +9,7 @@ import asyncio
 import structlog
 from aiohttp import web
 
+from core.errors import SessionBusy
 from gateway import keys
 from gateway.auth import OWNER
 from gateway.protocol import ChatRequest, TurnResult
@@ -27,7 +28,13 @@ async def begin(request: web.Request, req: ChatRequest, session: Session | None 
         session = await runner.session_for(request[OWNER], req.session_id)
     log.info("request_start", stream=req.stream, n_messages=len(req.messages), tools=bool(req.tools),
              path=request.path)
-    return runner.start(req, session, request[OWNER])
+    request_id = request.headers.get("X-Request-Id")
+    try:
+        return runner.start(req, session, request[OWNER], request_id)
+    except SessionBusy:
+        if session is None or not await request.app[keys.MANAGER].replace_replayed(session, request_id):
+            raise
+        return runner.start(req, session, request[OWNER], request_id)
 
 
 async def complete(request: web.Request, turn: Turn) -> TurnResult:

@@ -78,14 +78,14 @@ class TurnRunner:
             return await self.manager.get_or_create(owner, session_id)
         return await self.manager.get(owner, session_id)
 
-    def start(self, request: ChatRequest, session: Session | None, owner: str) -> Turn:
+    def start(self, request: ChatRequest, session: Session | None, owner: str, request_id: str | None = None) -> Turn:
         """Claim the session and queue the turn; raises (409, 503, 429) before anything runs."""
         if self.draining:
             raise ShuttingDown("the server is shutting down; retry on another replica")
         self.manager.scheduler.admit()
         turn = Turn(request, session, owner)
         if session is not None:
-            self.manager.claim(session, turn.cancel)
+            self.manager.claim(session, turn.cancel, request_id)
         loop = asyncio.get_running_loop()
 
         def on_text(piece: str) -> bool:  # model thread

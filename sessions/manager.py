@@ -20,6 +20,7 @@ brings the session back.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import threading
 import time
@@ -94,6 +95,7 @@ class Session:
     kv: SessionKV = field(default_factory=SessionKV)
     messages: list[dict[str, Any]] = field(default_factory=list)
     cancel: threading.Event | None = None  # the running turn's
+    request_id: str | None = None  # the running turn's request (X-Request-Id): a replay of it replaces it
     implicit: bool = False  # made by the server (a stored response's conversation), not named by a client
     responses: list[dict[str, Any]] = field(default_factory=list)  # stored Responses API answers, newest last
 
@@ -324,18 +326,33 @@ class SessionManager:
         return session.kv_location.value
 
     # -- turns -----------------------------------------------------------------
-    def claim(self, session: Session, cancel: threading.Event) -> None:
+    def claim(self, session: Session, cancel: threading.Event, request_id: str | None = None) -> None:
         """Mark the session's one running turn (synchronously: no await between check and set)."""
         if session.state is SessionState.DELETED:
             raise SessionNotFound(f"unknown session {session.id!r}")
         if session.state is SessionState.RUNNING:
             raise SessionBusy(f"session {session.id!r} already has a turn running; wait for it or cancel it")
-        session.state, session.cancel = SessionState.RUNNING, cancel
+        session.state, session.cancel, session.request_id = SessionState.RUNNING, cancel, request_id
+
+    async def replace_replayed(self, session: Session, request_id: str | None, timeout_s: float = 30.0) -> bool:
+        """The running turn is an earlier copy of request ``request_id`` (a balancer replayed
+        it after the replica relaying the first copy died, so nobody reads the first): cancel
+        it and wait until the session is free.  False when it is another request's turn."""
+        if request_id is None or session.request_id != request_id or session.state is not SessionState.RUNNING:
+            return False
+        if session.cancel is not None:
+            session.cancel.set()
+        deadline = time.monotonic() + timeout_s
+        while session.state is SessionState.RUNNING and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        log.info("replayed_turn_replaced", session_id=session.id, request_id=request_id)
+        return session.state is SessionState.IDLE
 
     def release(self, session: Session) -> None:
         if session.state is SessionState.RUNNING:
             session.state = SessionState.IDLE
         session.cancel = None
+        session.request_id = None
 
     async def run_turn(self, session: Session | None, render: Render, params: TurnParams,
                        on_text: OnText | None, key: str, cancel: threading.Event, owner: str) -> TurnOutcome:

@@ -201,3 +201,25 @@ def test_models_health_ready_metrics(gateway):
                  "specgate_kv_bytes_ram", "specgate_queue_depth", "specgate_speculator_scored_tokens_total"):
         assert name in text, name
     assert 'specgate_specprefill_total{status="active"}' in text
+
+
+def test_a_replayed_request_replaces_its_orphaned_first_copy(gateway):
+    """A second turn for a running session is 409 -- unless it carries the running turn's
+    X-Request-Id: then it is the same request replayed by the balancer (the replica relaying
+    the first copy died), so the first copy is cancelled and the replay is served."""
+    sid = new_session(gateway)
+    body = {"messages": [{"role": "user", "content": "Count to 300."}], "max_tokens": 300, "stream": True}
+    headers = {"X-Session-Id": sid, "X-Request-Id": "req-replayed-1"}
+    with httpx.stream("POST", gateway.base + "/v1/chat/completions", headers=headers, json=body,
+                      timeout=120) as first:
+        lines = first.iter_lines()
+        next(line for line in lines if '"content"' in line and '"role"' not in line)  # running now
+        other = httpx.post(gateway.base + "/v1/chat/completions", json={**body, "stream": False, "max_tokens": 2},
+                           headers={**headers, "X-Request-Id": "req-other"}, timeout=120)
+        assert other.status_code == 409 and other.json()["error"]["code"] == "session_busy"
+        replay = httpx.post(gateway.base + "/v1/chat/completions", json={**body, "stream": False, "max_tokens": 2},
+                            headers=headers, timeout=120)
+        rest = list(lines)
+    assert replay.status_code == 200, replay.text
+    assert replay.json()["usage"]["completion_tokens"] == 2
+    assert not any('"finish_reason":"length"' in line for line in rest)  # the first copy was cut short
