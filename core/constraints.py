@@ -28,25 +28,32 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 
 @dataclass(slots=True, frozen=True)
 class ToolSyntax:
-    """How a model family writes one call: ``open`` + JSON body + ``close`` (special tokens in
-    llguidance's ``<name>`` form when the vocabulary has them)."""
+    """How a model family writes one call: ``open`` + JSON body + ``close``.  Where the
+    vocabulary has them as special tokens (Qwen's does), the grammar names the tokens;
+    elsewhere it spells them out as text."""
 
     open: str
     close: str
-    open_special: bool  # ``open`` is one special token (the lazy trigger)
     name_key: str = "name"
     args_key: str = "arguments"
 
 
-SYNTAXES = {"qwen": ToolSyntax(open="<tool_call>", close="</tool_call>", open_special=True)}
+SYNTAXES = {"qwen": ToolSyntax(open="<tool_call>", close="</tool_call>")}
+OPEN, CLOSE = "@@open@@", "@@close@@"  # placeholders in a grammar until the vocabulary is known
 
 
 @dataclass(slots=True, frozen=True)
 class Constraint:
-    grammar: str  # llguidance's grammar (Lark with %json)
+    template: str  # llguidance's grammar (Lark with %json), with OPEN/CLOSE for the call tags
     kind: str  # tool_call | json_schema | json_object | json_or_tool_call
-    lazy: bool = False  # armed only once the model opens a call
-    trigger: str = ""  # the special token that arms a lazy constraint
+    syntax: ToolSyntax = SYNTAXES["qwen"]
+    lazy: bool = False  # armed only once the model emits ``syntax.open`` as one special token
+
+    def grammar(self, special: bool) -> str:
+        """The grammar, naming the call tags as special tokens or spelling them as text."""
+        def tag(text: str) -> str:
+            return text if special else json.dumps(text)
+        return self.template.replace(OPEN, tag(self.syntax.open)).replace(CLOSE, tag(self.syntax.close))
 
 
 def _call_schema(tools: list[dict[str, Any]], syntax: ToolSyntax) -> dict[str, Any]:
@@ -58,17 +65,12 @@ def _call_schema(tools: list[dict[str, Any]], syntax: ToolSyntax) -> dict[str, A
                                                                                    "x-guidance": JSON_OPTIONS}
 
 
-def _token(text: str, special: bool) -> str:
-    return text if special else json.dumps(text)
-
-
 def _calls_rules(tools: list[dict[str, Any]], syntax: ToolSyntax, parallel: bool) -> str:
     """``calls``: one or more (``parallel``) whole calls; ``rest``: a call after its opening."""
     body = json.dumps(_call_schema(tools, syntax))
-    open_, close = _token(syntax.open, syntax.open_special), _token(syntax.close, syntax.open_special)
-    more = f' ("\\n" {open_} rest)*' if parallel else ""
-    return (f"calls: {open_} rest{more}\n"
-            f'rest: "\\n" body "\\n" {close}\n'
+    more = f' ("\\n" {OPEN} rest)*' if parallel else ""
+    return (f"calls: {OPEN} rest{more}\n"
+            f'rest: "\\n" body "\\n" {CLOSE}\n'
             f"body: %json {body}\n")
 
 
@@ -79,12 +81,10 @@ def tool_call(tools: list[dict[str, Any]], choice: str, parallel: bool, syntax: 
     if choice not in ("auto", "required"):
         tools = [t for t in tools if t["function"]["name"] == choice]
     rules = _calls_rules(tools, syntax, parallel)
-    if choice == "auto":
-        if not syntax.open_special:
-            return None  # no single token to arm on: the parser alone reads the calls
-        more = f' ("\\n" {syntax.open} rest)*' if parallel else ""
-        return Constraint(f"start: rest{more}\n{rules}", "tool_call", lazy=True, trigger=syntax.open)
-    return Constraint(f"start: calls\n{rules}", "tool_call")
+    if choice == "auto":  # the grammar picks up after the opening tag the model chose to write
+        more = f' ("\\n" {OPEN} rest)*' if parallel else ""
+        return Constraint(f"start: rest{more}\n{rules}", "tool_call", syntax, lazy=True)
+    return Constraint(f"start: calls\n{rules}", "tool_call", syntax)
 
 
 def json_reply(schema: dict[str, Any] | None) -> Constraint:
@@ -99,7 +99,7 @@ def json_or_tool_call(schema: dict[str, Any] | None, tools: list[dict[str, Any]]
     JSON answer or calls."""
     body = {**(schema or {"type": "object"}), "x-guidance": JSON_OPTIONS}
     return Constraint(f"start: answer | calls\nanswer: %json {json.dumps(body)}\n"
-                      + _calls_rules(tools, syntax, parallel), "json_or_tool_call")
+                      + _calls_rules(tools, syntax, parallel), "json_or_tool_call", syntax)
 
 
 def check(constraint: Constraint) -> Constraint:
@@ -107,7 +107,7 @@ def check(constraint: Constraint) -> Constraint:
     the construct, e.g. an unsupported JSON-schema keyword)."""
     import llguidance
 
-    error = llguidance.LLMatcher.validate_grammar(constraint.grammar)
+    error = llguidance.LLMatcher.validate_grammar(constraint.grammar(special=False))
     if error:
         raise InvalidRequest(f"the requested output format cannot be enforced: {error}")
     return constraint

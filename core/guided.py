@@ -40,17 +40,20 @@ class Guide:
     def __init__(self, model: Any, constraint: Constraint) -> None:
         import llguidance
 
+        tokenizer = tokenizer_for(model)  # once per model: not part of a reply's compile time
         t0 = time.perf_counter()
-        tokenizer = tokenizer_for(model)
-        self.matcher = llguidance.LLMatcher(tokenizer, constraint.grammar, log_level=0)
+        opening = model.tokenize(constraint.syntax.open, add_special=False, parse_special=True)
+        special = len(opening) == 1 and tokenizer.is_special_token(opening[0])
+        self.matcher = llguidance.LLMatcher(tokenizer, constraint.grammar(special), log_level=0)
         if self.matcher.is_error():
             raise InvalidRequest(f"the requested output format cannot be enforced: {self.matcher.get_error()}")
         self.compile_s = time.perf_counter() - t0
         self.n_vocab = model.n_vocab
         self.bits = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)
+        # lazy: armed when the model emits the opening tag; a vocabulary without it as one
+        # special token leaves the reply free (the parser alone reads what calls it writes)
         self.armed = not constraint.lazy
-        self.trigger = model.tokenize(constraint.trigger, add_special=False, parse_special=True)[0] \
-            if constraint.lazy else -1
+        self.trigger = opening[0] if constraint.lazy and special else -1
         self.mask_s = 0.0
         self.kind = constraint.kind
 
