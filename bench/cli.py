@@ -16,7 +16,7 @@ from core.config import EngineConfig, PrefillPolicy, build
 from core.errors import ConfigError
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
-             "long_prefill", "scorers")
+             "long_prefill", "scorers", "constrained")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,6 +128,12 @@ def run(args: argparse.Namespace) -> int:
                               out / f"scorers{suffix}.json")
         plots.scorers_ttft(summary, out / f"scorers{suffix}.png")
         summaries["scorers"] = summary
+    if "constrained" in chosen:
+        from bench import constrained
+
+        s = constrained.run(engine, args.quick, out / f"constrained{suffix}.json")
+        plots.constrained(s, out / f"constrained{suffix}.png")
+        summaries["constrained"] = s
     if "topp" in chosen:
         from bench import topp
         summaries["topp"] = topp.run(out / f"topp{suffix}.json")

@@ -25,6 +25,35 @@ def first_turn(summary: list[dict[str, Any]], out: Path) -> None:
             "First-turn TTFT, Qwen2.5-Coder 1.5B target / 0.5B speculator, 2 CPU cores")
 
 
+def constrained(summary: dict[str, Any], out: Path) -> None:
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4.2))
+    arms = list(summary["serving"])
+    tps = [summary["serving"][a]["tokens_per_s_median"] or 0 for a in arms]
+    ax.bar(arms, tps, color=["grey"] + ["tab:blue"] * (len(arms) - 1))
+    for i, a in enumerate(arms):
+        s = summary["serving"][a]
+        note = "" if s["valid"] is None else f"\nvalid {s['valid']}/{s['requests']}"
+        ax.annotate(f"{tps[i]:.1f} tok/s{note}", (i, tps[i]), ha="center", textcoords="offset points",
+                    xytext=(0, 3), fontsize=7)
+    ax.set_ylabel("decode tokens/s (median)")
+    ax.set_title("Decode speed under each constraint", fontsize=9)
+    ax.tick_params(axis="x", labelsize=7, rotation=15)
+    eng = summary["engines"]
+    names = ["llguidance", "llama_cpp_gbnf"]
+    cost = [eng[n].get("mask_ms_per_token", 0) for n in names]
+    bx.bar(names, cost, color=["tab:blue", "tab:red"])
+    bx.set_yscale("log")
+    for i, c in enumerate(cost):
+        bx.annotate(f"{c:.2f} ms/token\ncompile {eng[names[i]].get('compile_ms', 0):.1f} ms", (i, c), ha="center",
+                    textcoords="offset points", xytext=(0, 3), fontsize=7)
+    bx.set_ylabel("mask cost per token (ms, log)")
+    bx.set_title(f"20-tool call grammar, {eng['vocab']}-token vocabulary", fontsize=9)
+    fig.suptitle("Constrained decoding, Qwen2.5-Coder 1.5B target, 2 CPU cores", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def planner(rows: list[dict[str, Any]], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     n = [r["context_n"] for r in rows]
