@@ -244,6 +244,9 @@ class MessageEncoder:
     def _event(self, kind: str, **fields: Any) -> bytes:
         return sse.frame({"type": kind, **fields}, event=kind)
 
+    async def settle(self, result: TurnResult) -> None:
+        return None
+
     def start(self) -> list[bytes]:
         shell: dict[str, Any] = {
             "id": self.msg_id, "type": "message", "role": "assistant", "model": self.model, "content": [],

@@ -45,6 +45,9 @@ class ChunkEncoder:
     def __init__(self, req_id: str, model: str, session_id: str | None, include_usage: bool) -> None:
         self.req_id, self.model, self.session_id, self.include_usage = req_id, model, session_id, include_usage
 
+    async def settle(self, result: TurnResult) -> None:
+        return None
+
     def start(self) -> list[bytes]:
         return [sse.frame(chunk(self.req_id, self.model, {"role": "assistant", "content": ""}))]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ from sessions.manager import Session
 
 log = structlog.get_logger("specgate.http")
 routes = web.RouteTableDef()
+STORE_WAIT_S = 2.0
 KEPT_RESPONSES = 16  # per conversation: what GET /v1/responses/{id} and previous_response_id can reach
 _ID = re.compile(r"resp_([0-9a-f]{20})_[0-9a-f]{8}")
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -69,7 +70,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if req.chat.stream:
         return await sse.stream(request, turn, ResponseEncoder(built, lambda r: _keep(request, session, r)))
     out = built.response(await complete(request, turn))
-    _keep(request, session, out)
+    await _keep(request, session, out)
     return json_response(out)
 
 
@@ -138,9 +139,11 @@ async def _continued(request: web.Request, body: Any) -> tuple[Session | None, l
     return session, history[1:] if entry["instructions"] and history else history
 
 
-def _keep(request: web.Request, session: Session | None, response: dict[str, Any]) -> None:
-    """Keep ``response`` in its conversation.  A reply to an older response branches the
-    history, so the responses after that one, which it no longer holds, are dropped."""
+async def _keep(request: web.Request, session: Session | None, response: dict[str, Any]) -> None:
+    """Keep ``response`` in its conversation, in the store before the client hears of it (so
+    any replica can continue it at once; a store that is down delays this by at most
+    :data:`STORE_WAIT_S`).  A reply to an older response branches the history, so the
+    responses after that one, which it no longer holds, are dropped."""
     if session is None:
         return
     prev = response.get("previous_response_id")
@@ -151,7 +154,10 @@ def _keep(request: web.Request, session: Session | None, response: dict[str, Any
                  "instructions": bool(response.get("instructions")), "body": response}
         kept = [*kept, entry][-KEPT_RESPONSES:]
     session.responses = kept
-    request.app[keys.MANAGER].mirror(session)
+    manager = request.app[keys.MANAGER]
+    manager.mirror(session)
+    if not await manager.writer.landed(session.key, STORE_WAIT_S):
+        log.warning("response_not_yet_stored", response_id=response["id"])
 
 
 # -- parsing ---------------------------------------------------------------------------
@@ -337,10 +343,22 @@ class ResponseEncoder:
     """The Responses event sequence, each event with its ``sequence_number``: created,
     in_progress, the message item's text deltas, one item per function call, completed."""
 
-    def __init__(self, built: Builder, on_done: Callable[[dict[str, Any]], None]) -> None:
-        self.b, self.on_done = built, on_done
+    def __init__(self, built: Builder, keep: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        self.b, self.keep = built, keep
         self.seq = 0
         self.said: list[str] | None = None  # the message item's text so far, once the item is open
+        self.final: dict[str, Any] | None = None
+
+    async def settle(self, result: TurnResult) -> None:
+        """Store the response before ``response.completed`` tells the client its id."""
+        self.final = self.response(result)
+        await self.keep(self.final)
+
+    def response(self, result: TurnResult) -> dict[str, Any]:
+        response = self.b.response(result)
+        if self.said is None and not result.tool_calls:  # an empty reply is still one message item
+            response["output"] = [self.b.message_item("")]
+        return response
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         frame = sse.frame({"type": kind, "sequence_number": self.seq, **fields}, event=kind)
@@ -364,7 +382,7 @@ class ResponseEncoder:
         return [*out, self._event("response.output_text.delta", **part, delta=piece, logprobs=[])]
 
     def finish(self, result: TurnResult) -> list[bytes]:
-        response = self.b.response(result)
+        response = self.final or self.response(result)
         out = []
         if self.said is not None:
             text = result.message.get("content") or "".join(self.said)
@@ -383,9 +401,6 @@ class ResponseEncoder:
                     self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                                 arguments=item["arguments"]),
                     self._event("response.output_item.done", output_index=index, item=item)]
-        if self.said is None and not result.tool_calls:  # an empty reply is still one message item
-            response["output"] = [self.b.message_item("")]
-        self.on_done(response)
         # response.completed even when max_output_tokens cut it (status "incomplete"): the openai
         # and openai-agents clients take their final response only from that event
         return [*out, self._event("response.completed", response=response)]

@@ -31,6 +31,7 @@ def frame(data: dict[str, Any] | str, event: str | None = None) -> bytes:
 
 
 class Encoder(Protocol):
+    async def settle(self, result: TurnResult) -> None: ...  # what must be done before the last event
     def start(self) -> list[bytes]: ...
     def text(self, piece: str) -> list[bytes]: ...
     def finish(self, result: TurnResult) -> list[bytes]: ...
@@ -56,6 +57,7 @@ async def stream(request: web.Request, turn: Turn, encoder: Encoder,
             log.warning("stream_error", error=str(exc), error_type=type(exc).__name__)
             await send(encoder.error(exc))
             return resp
+        await encoder.settle(result)
         await send(encoder.finish(result))
         await resp.write_eof()
     except (ConnectionResetError, ConnectionError, asyncio.CancelledError) as exc:

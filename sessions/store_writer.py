@@ -76,6 +76,16 @@ class StoreWriter:
         except TimeoutError:
             return False
 
+    async def landed(self, key: str, timeout_s: float) -> bool:
+        """Wait until ``key``'s latest record is in the store (a write another replica must be
+        able to read at once); False after ``timeout_s``, when the store is slow or down."""
+        deadline = time.monotonic() + timeout_s
+        while key in self._pending:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
     async def stop(self, flush_timeout_s: float = 2.0) -> None:
         if not await self.flush(flush_timeout_s):
             log.warning("store_unflushed", pending=self.pending, error=self.last_error)

@@ -215,6 +215,29 @@ def test_turns_in_flight_through_the_balancer_when_a_replica_dies(cluster):
     cluster.restart(2)
 
 
+def test_a_responses_chain_continues_on_another_replica_after_its_owner_dies(cluster):
+    """Responses name no session header, so HAProxy spreads them; previous_response_id finds
+    the conversation's owner through the registry (proxied there, its KV reused), and after
+    the owner is SIGKILLed a live replica continues the chain from the record in Redis."""
+    def create(**body) -> httpx.Response:
+        r = httpx.post(cluster.base + "/v1/responses", timeout=120, json={"max_output_tokens": 4, **body})
+        assert r.status_code == 200, r.text
+        return r
+
+    r1 = create(instructions="You log pumps.", input="Pump A ran 5 minutes.")
+    owner = replica(r1)
+    r2 = create(instructions="You log pumps.", input="Pump B ran 7 minutes.", previous_response_id=r1.json()["id"])
+    assert replica(r2) == owner  # served where the conversation's KV lives, whichever replica HAProxy chose
+    assert r2.json()["usage"]["input_tokens_details"]["cached_tokens"] >= r1.json()["usage"]["input_tokens"]
+    victim = int(owner[1:])
+    cluster.kill(victim, signal.SIGKILL)
+    r3 = create(instructions="You log pumps.", input="Which pumps ran?", previous_response_id=r2.json()["id"])
+    assert replica(r3) != owner and r3.json()["timings"]["kv_rebuilt"]
+    assert r3.json()["usage"]["input_tokens"] > r2.json()["usage"]["input_tokens"]  # turns 1 and 2 are in it
+    cluster.wait_exit(victim)
+    cluster.restart(victim)
+
+
 def test_sigkill_failover_moves_sessions_with_their_history(cluster, sessions):
     for sid, (history, _) in sessions.items():  # r1 is back; sessions that moved stay with r2 (proxied)
         assert turn(cluster.base, sid, history, "Checking in.").status_code == 200
