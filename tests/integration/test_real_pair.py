@@ -142,3 +142,48 @@ def test_agent_turn_with_a_long_tool_result_runs_active_and_the_next_call_parses
         jsonschema.validate(json.loads(next_call.function.arguments), schemas[next_call.function.name])
     finally:
         gw.stop()
+
+
+def test_responses_chain_and_forced_output_on_the_real_pair():
+    """The Responses API on the real pair: a function-call round trip where each follow-up
+    sends only its new items and reports the earlier turns as cached; then forced calls (over
+    a coding agent's 20 tools, and a named function the prompt does not ask for) and
+    json_schema replies, every one of which must validate."""
+    import json
+
+    import jsonschema
+    import openai
+
+    from bench.constrained import ARMS, REPLY_SCHEMA, TOOLS
+    from tests.support import start_gateway
+
+    gw = start_gateway(real_model(model_files.TARGET), real_model(model_files.SPECULATOR))
+    try:
+        client = openai.OpenAI(base_url=gw.base + "/v1", api_key="unused", max_retries=0)
+        tools = [{"type": "function", "name": "get_weather", "description": "Get the current weather for a city",
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+        r1 = client.responses.create(model="m", input="What's the weather in Oslo right now?", tools=tools,
+                                     max_output_tokens=64)
+        (call,) = [item for item in r1.output if item.type == "function_call"]
+        assert call.name == "get_weather" and json.loads(call.arguments)["city"] == "Oslo"
+        r2 = client.responses.create(model="m", previous_response_id=r1.id, tools=tools, max_output_tokens=48,
+                                     input=[{"type": "function_call_output", "call_id": call.call_id,
+                                             "output": "Oslo: 21 degrees and sunny"}])
+        assert r2.usage.input_tokens_details.cached_tokens >= r1.usage.input_tokens
+        r3 = client.responses.create(model="m", previous_response_id=r2.id, tools=tools, max_output_tokens=16,
+                                     input="Thanks.")
+        assert r3.usage.input_tokens_details.cached_tokens >= r2.usage.input_tokens
+        chat = openai.OpenAI(base_url=gw.base + "/v1", api_key="unused", max_retries=0).chat.completions
+        params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+        for _ in range(2):  # specgate bench constrained runs 20 of each
+            for arm in ("required_20_tools", "named_function"):
+                reply = chat.create(model="m", max_tokens=96, **ARMS[arm])
+                calls = reply.choices[0].message.tool_calls
+                assert calls, arm
+                for c in calls:
+                    assert arm != "named_function" or c.function.name == "set_alarm"
+                    jsonschema.validate(json.loads(c.function.arguments), params[c.function.name])
+            reply = chat.create(model="m", max_tokens=160, **ARMS["json_schema"])
+            jsonschema.validate(json.loads(reply.choices[0].message.content), REPLY_SCHEMA)
+    finally:
+        gw.stop()
