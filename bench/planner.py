@@ -18,7 +18,6 @@ from bench.common import progress, write_result
 from bench.textgen import WORDS_PER_TOKEN, agent_turn
 from core.config import EngineConfig, PrefillPolicy, SamplingParams, TurnParams, override
 from core.cost_model import Costs
-from gateway.tool_calls import for_template
 
 TIE = 0.10
 
@@ -33,7 +32,7 @@ def run(engine_cfg: EngineConfig, policy: PrefillPolicy, lengths: list[int], out
     try:
         for i, n in enumerate(lengths):
             doc = agent_turn(int(n * WORDS_PER_TOKEN), depth=0.35, seed=300 + i, key=f"svc-{i}", value=f"T-{517 + i}")
-            prompt = engine.chat.render([for_template(m) for m in doc["messages"]], doc["tools"])
+            prompt = engine.chat.render_chat(doc["messages"], doc["tools"])
             row: dict[str, Any] = {"target_tokens": n, "context_n": len(prompt),
                                    "planner": engine.plan(prompt, policy).status.value,
                                    "planner_fresh": engine.plan(prompt, policy, costs=fresh).status.value,

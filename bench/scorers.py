@@ -16,7 +16,6 @@ from typing import Any
 from bench.common import progress, write_result
 from bench.textgen import WORDS_PER_TOKEN, agent_turn
 from core.config import EngineConfig, PrefillPolicy, SamplingParams, TurnParams, override
-from gateway.tool_calls import for_template
 
 TODAY = "speculator-full/max"  # the default scorer and aggregation
 
@@ -39,7 +38,7 @@ def run(engine_cfg: EngineConfig, policy: PrefillPolicy, lengths: list[int], arm
         for i, n in enumerate(lengths):
             doc = agent_turn(int(n * WORDS_PER_TOKEN), depth=0.35, seed=500 + i, key=f"svc-{i}", value=f"S-{611 + i}")
             first = engines[TODAY][0]
-            prompt = first.chat.render([for_template(m) for m in doc["messages"]], doc["tools"])
+            prompt = first.chat.render_chat(doc["messages"], doc["tools"])
             order = [("dense", first, override(policy, enabled=False))]
             order += [(name, eng, pol) for name, (eng, pol) in engines.items()]
             for arm, engine, pol in order[i % len(order):] + order[: i % len(order)]:

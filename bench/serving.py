@@ -95,13 +95,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-async def overhead_requests(base: str, n: int) -> list[float]:
+ROUTES = {  # the same small turn in each protocol
+    "chat": ("/v1/chat/completions", lambda text: {"messages": [{"role": "user", "content": text}], "max_tokens": 4}),
+    "responses": ("/v1/responses", lambda text: {"input": text, "max_output_tokens": 4}),
+    "messages": ("/v1/messages", lambda text: {"model": "m", "max_tokens": 4,
+                                                "messages": [{"role": "user", "content": text}]}),
+}
+
+
+async def overhead_requests(base: str, n: int, route: str = "chat") -> list[float]:
+    """Per request: client wall time less the model phases the server reports."""
     overheads = []
+    path, body_of = ROUTES[route]
     async with httpx.AsyncClient(base_url=base, timeout=120) as client:
         for i in range(n):
-            body = {"messages": [{"role": "user", "content": f"Say hello number {i}."}], "max_tokens": 4}
+            body = body_of(f"Say hello number {i}.")
             t0 = time.perf_counter()
-            r = (await client.post("/v1/chat/completions", json=body)).json()
+            r = (await client.post(path, json=body)).json()
             wall_ms = (time.perf_counter() - t0) * 1e3
             t = r["timings"]
             overheads.append(wall_ms - (t["scoring_ms"] + t["prompt_ms"] + t["predicted_ms"]))
@@ -140,13 +150,20 @@ def overhead(tiny_target: str, tiny_speculator: str, quick: bool, out: Path) -> 
         progress(f"overhead: {n} sequential requests")
         asyncio.run(overhead_requests(base, 5))  # warm-up
         values = asyncio.run(overhead_requests(base, n))
+        routes = {}
+        for route in ROUTES:
+            progress(f"overhead: {n // 2} requests on {ROUTES[route][0]}")
+            asyncio.run(overhead_requests(base, 3, route))
+            per = asyncio.run(overhead_requests(base, n // 2, route))
+            routes[route] = {"overhead_ms_p50": round(statistics.median(per), 2),
+                             "overhead_ms_p99": round(percentile(per, 0.99), 2)}
         scaling = []
         for sessions in (1, 2, 4, 8):
             progress(f"overhead: {sessions} concurrent sessions")
             scaling.append(asyncio.run(concurrent_sessions(base, sessions, 4 if quick else 8)))
     summary = {"requests": n, "overhead_ms_p50": round(statistics.median(values), 2),
                "overhead_ms_p99": round(percentile(values, 0.99), 2),
-               "overhead_ms_mean": round(statistics.fmean(values), 2), "concurrency": scaling}
+               "overhead_ms_mean": round(statistics.fmean(values), 2), "routes": routes, "concurrency": scaling}
     write_result(out, "overhead", {"overhead_ms": values, "summary": summary},
                  {"target": tiny_target, "speculator": tiny_speculator})
     return summary

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -118,6 +119,11 @@ class ChatTemplate:
         except (TemplateError, RecursionError) as exc:
             raise InvalidRequest(f"chat template rejected the messages: {exc}") from exc
 
+    def render_chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
+                    has_grammar: bool = False) -> Prompt:
+        """OpenAI-form messages (what sessions store: call arguments as JSON strings) as a Prompt."""
+        return self.render([for_template(m) for m in messages], tools, has_grammar)
+
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
                has_grammar: bool = False) -> Prompt:
         validate_messages(messages)
@@ -164,3 +170,21 @@ def validate_messages(messages: Sequence[dict[str, Any]]) -> None:
             raise InvalidRequest(f"messages[{i}].content is required")
         if content is not None and not isinstance(content, str):
             raise InvalidRequest(f"messages[{i}].content must be a string")
+
+
+def for_template(message: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI assistant messages carry arguments as JSON strings; templates want objects
+    (as llama.cpp and vLLM render them), not a JSON string inside JSON."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    fixed = []
+    for call in calls:
+        fn = dict(call.get("function") or {})
+        if isinstance(fn.get("arguments"), str):
+            try:
+                fn["arguments"] = orjson.loads(fn["arguments"])
+            except orjson.JSONDecodeError:
+                pass
+        fixed.append({**call, "function": fn, **fn})
+    return {**message, "tool_calls": fixed, "content": message.get("content") or ""}

@@ -30,7 +30,6 @@ from core.session_kv import SessionKV
 from core.steps import drive
 from evals import tasks as eval_tasks
 from evals.scorer_adoption import adoption
-from gateway.tool_calls import for_template
 
 if TYPE_CHECKING:  # the engine (llama.cpp) loads only when an evaluation runs
     from core.engine import Engine
@@ -162,7 +161,7 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
         for i, task in enumerate(tasks):
             if any(r["task"] == task.id for r in rows):
                 continue  # measured by an earlier, stopped run of the same grid
-            prompt = with_answer_prefix(engine, engine.chat.render([for_template(m) for m in task.messages],
+            prompt = with_answer_prefix(engine, engine.chat.render_chat(task.messages,
                                                                    eval_tasks.TOOLS), task.answer_prefix)
             guard = engine.plan(prompt, replace(policy, min_tokens=0, break_even=False)).protected
             tokens, n = prompt.tokens, len(prompt)

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from core.config import DEFAULT_LIMITS, Limits, TurnParams
 from core.errors import InvalidRequest
-from gateway import keys, protocol, sse, tool_calls
+from gateway import keys, protocol, sse
 from gateway.bodies import json_response, read_json
 from gateway.errors import anthropic_body
 from gateway.protocol import ChatRequest, TurnResult
@@ -53,8 +53,7 @@ async def count_tokens(request: web.Request) -> web.Response:
         body = {**body, "max_tokens": 1}  # count_tokens takes no max_tokens
     req = parse(body, request)
     worker = request.app[keys.WORKER]
-    prompt = await worker.call(lambda engine: engine.chat.render(
-        [tool_calls.for_template(m) for m in req.messages], req.tools))
+    prompt = await worker.call(lambda engine: engine.chat.render_chat(req.messages, req.tools))
     return json_response({"input_tokens": len(prompt.tokens)})
 
 

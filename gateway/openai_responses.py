@@ -27,7 +27,7 @@ import structlog
 from aiohttp import web
 
 from core.errors import InvalidRequest, SessionNotFound
-from gateway import keys, protocol, sse, tool_calls
+from gateway import keys, protocol, sse
 from gateway.auth import OWNER
 from gateway.bodies import json_response, read_json
 from gateway.errors import error_body
@@ -98,8 +98,8 @@ async def input_tokens(request: web.Request) -> web.Response:
     body = await read_json(request)
     _, history = await _continued(request, body)
     req = parse(body, request, history)
-    prompt = await request.app[keys.WORKER].call(lambda engine: engine.chat.render(
-        [tool_calls.for_template(m) for m in req.chat.messages], req.chat.tools))
+    prompt = await request.app[keys.WORKER].call(lambda engine: engine.chat.render_chat(req.chat.messages,
+                                                                                      req.chat.tools))
     return json_response({"object": "response.input_tokens", "input_tokens": len(prompt.tokens)})
 
 

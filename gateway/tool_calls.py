@@ -98,20 +98,3 @@ def names_of(tools: Any) -> set[str] | None:
     if not tools:
         return None
     return {t["function"]["name"] for t in tools if isinstance(t.get("function", {}).get("name"), str)}
-
-
-def for_template(message: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI assistant messages carry arguments as JSON strings; templates want objects."""
-    calls = message.get("tool_calls")
-    if not calls:
-        return message
-    fixed = []
-    for call in calls:
-        fn = dict(call.get("function") or {})
-        if isinstance(fn.get("arguments"), str):
-            try:
-                fn["arguments"] = orjson.loads(fn["arguments"])
-            except orjson.JSONDecodeError:
-                pass
-        fixed.append({**call, "function": fn, **fn})
-    return {**message, "tool_calls": fixed, "content": message.get("content") or ""}

@@ -95,7 +95,8 @@ class TurnRunner:
             return True
 
         def render(engine: Engine) -> Prompt:  # model thread: tokenizing is llama.cpp work too
-            return engine.chat.render([tool_calls.for_template(m) for m in request.messages], request.tools)
+            return engine.chat.render_chat(request.messages, request.tools,
+                                           has_grammar=request.params.sampling.constraint is not None)
 
         key = f"stateless-{uuid.uuid4().hex[:8]}"
         turn.task = asyncio.create_task(self._run(turn, render, on_text, key))

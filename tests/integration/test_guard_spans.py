@@ -5,7 +5,6 @@ from __future__ import annotations
 from bench.textgen import agent_turn
 from core.config import PrefillPolicy
 from core.guard import STRUCT_TAIL
-from gateway.tool_calls import for_template
 
 
 def dense_tokens(engine, prompt, policy: PrefillPolicy) -> set[int]:
@@ -18,7 +17,7 @@ def text_of(engine, prompt, idx: set[int]) -> str:
 
 def test_agent_prompt_keeps_tools_call_and_headers_and_frees_the_result(tiny_engine):
     doc = agent_turn(900, depth=0.5, seed=1, key="billing", value="T-9")
-    prompt = tiny_engine.chat.render([for_template(m) for m in doc["messages"]], doc["tools"])
+    prompt = tiny_engine.chat.render_chat(doc["messages"], doc["tools"])
     policy = PrefillPolicy(min_tokens=0, break_even=False)
     plan = tiny_engine.plan(prompt, policy)
     assert plan.status == "active"

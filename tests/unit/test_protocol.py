@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from core.chat import for_template
 from core.config import TurnParams
 from core.errors import ConfigError, InvalidRequest
 from core.results import Result, SpeculativeStats, Timings
@@ -24,7 +25,7 @@ def test_tool_call_parsing():
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
     assert tool_calls.parse("plain answer") == ("plain answer", [])
     assert tool_calls.parse("<tool_call>{not json}</tool_call>")[1] == []
-    msg = tool_calls.for_template({"role": "assistant", "content": None, "tool_calls": [
+    msg = for_template({"role": "assistant", "content": None, "tool_calls": [
         {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]})
     assert msg["tool_calls"][0]["function"]["arguments"] == {"a": 1} and msg["content"] == ""
 
