@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from core.errors import ConfigError
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
              "long_prefill", "scorers", "constrained")
+EXTRA_HINT = "the benchmarks need the bench extra: .venv/bin/pip install -e '.[bench]'"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,107 +39,162 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculator", default=None)
 
 
-def run(args: argparse.Namespace) -> int:
-    import orjson  # the bench extras are needed only from here on
+@dataclass(slots=True, frozen=True)
+class Run:
+    """What every scenario gets: the parsed flags, the pair, where to write, and a name suffix."""
 
-    from bench import first_turn, plots, serving
-    from bench.common import progress
+    args: argparse.Namespace
+    engine: EngineConfig
+    out: Path
+    suffix: str
+
+    @property
+    def quick(self) -> bool:
+        return bool(self.args.quick)
+
+    def path(self, name: str, ext: str = "json") -> Path:
+        return self.out / f"{name}{self.suffix}.{ext}"
+
+    def lengths(self, quick: list[int], full: list[int]) -> list[int]:
+        return [int(x) for x in self.args.lengths.split(",")] if self.args.lengths else (quick if self.quick else full)
+
+    def arms(self, known: tuple[str, ...]) -> tuple[str, ...]:
+        arms = tuple(self.args.arms.split(",")) if self.args.arms else known
+        if set(arms) - set(known):
+            raise ConfigError(f"unknown arm(s); known: {', '.join(known)}")
+        return arms
+
+
+def _tiny() -> tuple[str, str]:
     from bench.derived_models import derived
 
-    out = Path(args.out)
-    suffix = "_quick" if args.quick else ""
+    return str(derived(3)), str(derived(2))
+
+
+def first_turn(r: Run) -> Any:
+    from bench import first_turn, plots
+
+    rows = first_turn.run(r.engine, build(PrefillPolicy), r.lengths([1024, 2048], [1024, 2048, 4096, 8192]),
+                          r.path("first_turn"))
+    plots.first_turn(rows, r.path("first_turn", "png"))
+    return rows
+
+
+def multi_turn(r: Run) -> Any:
+    from bench import agent_session, plots
+
+    s = agent_session.run(r.engine, r.quick, r.path("agent_session"), r.arms(agent_session.ARMS))
+    plots.agent_session(s, r.path("agent_session", "png"))
+    return s
+
+
+def overhead(r: Run) -> Any:
+    import orjson
+
+    from bench import plots, serving
+
+    s = serving.overhead(*_tiny(), r.quick, r.path("overhead"))
+    plots.overhead(orjson.loads(r.path("overhead").read_bytes())["overhead_ms"], s["concurrency"],
+                   r.path("overhead", "png"))
+    return s
+
+
+def planner(r: Run) -> Any:
+    from bench import planner, plots
+
+    rows = planner.run(r.engine, build(PrefillPolicy), r.lengths([1024, 2048], [1024, 2048, 4096, 8192, 12288]),
+                       r.path("planner"))
+    plots.planner(rows, r.path("planner", "png"))
+    return planner.summary(rows)
+
+
+def soak(r: Run) -> Any:
+    import orjson
+
+    from bench import plots, soak
+
+    sessions, turns = (20, 5) if r.quick else (100, 10)
+    s = soak.run(*_tiny(), r.path("soak"), sessions, turns)
+    plots.soak(orjson.loads(r.path("soak").read_bytes())["samples"], r.path("soak", "png"))
+    return s
+
+
+def fuzz(r: Run) -> Any:
+    from bench import fuzz
+
+    return fuzz.run(*_tiny(), r.path("fuzz"), 20 if r.quick else 200)
+
+
+def failover(r: Run) -> Any:
+    from bench import failover
+
+    return failover.run(*_tiny(), r.path("failover"), *((6, 4) if r.quick else (20, 6)))
+
+
+def concurrency(r: Run) -> Any:
+    from bench import concurrency, plots
+
+    levels = tuple(int(x) for x in r.args.sessions.split(",")) if r.args.sessions else None
+    name = f"concurrency{'_stagger' if r.args.stagger else ''}"
+    rows = concurrency.run(r.engine, r.quick, r.path(name), r.arms(concurrency.ARMS), levels, r.args.stagger)
+    plots.concurrency(rows, r.path(name, "png"))
+    return [{k: v for k, v in row.items() if k != "rows"} for row in rows]
+
+
+def long_prefill(r: Run) -> Any:
+    from bench import long_prefill, plots
+
+    results = long_prefill.run(r.engine, r.quick, r.path("long_prefill"), r.arms(long_prefill.ARMS))
+    plots.long_prefill(results, r.path("long_prefill", "png"))
+    return results
+
+
+def scorers(r: Run) -> Any:
+    from bench import plots, scorers
+
+    summary = scorers.run(r.engine, build(PrefillPolicy), r.lengths([1024], [4096, 8192]),
+                          scorers.parse_arms(r.args.scorers), r.path("scorers"))
+    plots.scorers_ttft(summary, r.path("scorers", "png"))
+    return summary
+
+
+def topp(r: Run) -> Any:
+    from bench import topp
+
+    return topp.run(r.path("topp"))
+
+
+def constrained(r: Run) -> Any:
+    from bench import constrained, plots
+
+    s = constrained.run(r.engine, r.quick, r.path("constrained"))
+    plots.constrained(s, r.path("constrained", "png"))
+    return s
+
+
+REGISTRY: dict[str, Callable[[Run], Any]] = {
+    "first_turn": first_turn, "multi_turn": multi_turn, "overhead": overhead, "topp": topp, "planner": planner,
+    "soak": soak, "fuzz": fuzz, "failover": failover, "concurrency": concurrency, "long_prefill": long_prefill,
+    "scorers": scorers, "constrained": constrained,
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401  (the bench extra: plots, and llama_cpp.server for its arms)
+        import orjson
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"{EXTRA_HINT} (missing: {exc.name})") from None
+    from bench.common import progress
+
+    chosen = args.scenarios or list(SCENARIOS[:3])
+    if unknown := set(chosen) - set(REGISTRY):
+        raise ConfigError(f"unknown scenario(s) {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
     built = model_files.with_default_models(build(EngineConfig, {"target": args.target,
                                                                  "speculator": args.speculator}))
     engine = EngineConfig(target=built.target, speculator=built.speculator, n_threads=built.n_threads)
-    chosen = args.scenarios or list(SCENARIOS[:3])
-    unknown = set(chosen) - set(SCENARIOS)
-    if unknown:
-        raise ConfigError(f"unknown scenario(s) {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
-    summaries: dict[str, Any] = {}
-    if "first_turn" in chosen:
-        lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else \
-            ([1024, 2048] if args.quick else [1024, 2048, 4096, 8192])
-        rows = first_turn.run(engine, build(PrefillPolicy), lengths, out / f"first_turn{suffix}.json")
-        plots.first_turn(rows, out / f"first_turn{suffix}.png")
-        summaries["first_turn"] = rows
-    if "multi_turn" in chosen:
-        from bench import agent_session
-
-        arms = tuple(args.arms.split(",")) if args.arms else agent_session.ARMS
-        if set(arms) - set(agent_session.ARMS):
-            raise ConfigError(f"unknown arm(s); known: {', '.join(agent_session.ARMS)}")
-        s = agent_session.run(engine, args.quick, out / f"agent_session{suffix}.json", arms)
-        plots.agent_session(s, out / f"agent_session{suffix}.png")
-        summaries["multi_turn"] = s
-    if "overhead" in chosen:
-        path = out / f"overhead{suffix}.json"
-        s = serving.overhead(str(derived(3)), str(derived(2)), args.quick, path)
-        doc = orjson.loads(path.read_bytes())
-        plots.overhead(doc["overhead_ms"], s["concurrency"], out / f"overhead{suffix}.png")
-        summaries["overhead"] = s
-    if "planner" in chosen:
-        from bench import planner
-
-        lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else \
-            ([1024, 2048] if args.quick else [1024, 2048, 4096, 8192, 12288])
-        rows = planner.run(engine, build(PrefillPolicy), lengths, out / f"planner{suffix}.json")
-        plots.planner(rows, out / f"planner{suffix}.png")
-        summaries["planner"] = planner.summary(rows)
-    if "soak" in chosen:
-        from bench import soak
-
-        sessions, turns = (20, 5) if args.quick else (100, 10)
-        s = soak.run(str(derived(3)), str(derived(2)), out / f"soak{suffix}.json", sessions, turns)
-        plots.soak(orjson.loads((out / f"soak{suffix}.json").read_bytes())["samples"], out / f"soak{suffix}.png")
-        summaries["soak"] = s
-    if "fuzz" in chosen:
-        from bench import fuzz
-
-        summaries["fuzz"] = fuzz.run(str(derived(3)), str(derived(2)), out / f"fuzz{suffix}.json",
-                                     20 if args.quick else 200)
-    if "failover" in chosen:
-        from bench import failover
-
-        summaries["failover"] = failover.run(str(derived(3)), str(derived(2)), out / f"failover{suffix}.json",
-                                             *((6, 4) if args.quick else (20, 6)))
-    if "concurrency" in chosen:
-        from bench import concurrency
-
-        arms = tuple(args.arms.split(",")) if args.arms else concurrency.ARMS
-        if set(arms) - set(concurrency.ARMS):
-            raise ConfigError(f"unknown arm(s); known: {', '.join(concurrency.ARMS)}")
-        levels = tuple(int(x) for x in args.sessions.split(",")) if args.sessions else None
-        name = f"concurrency{'_stagger' if args.stagger else ''}{suffix}"
-        rows = concurrency.run(engine, args.quick, out / f"{name}.json", arms, levels, args.stagger)
-        plots.concurrency(rows, out / f"{name}.png")
-        summaries["concurrency"] = [{k: v for k, v in r.items() if k != "rows"} for r in rows]
-    if "long_prefill" in chosen:
-        from bench import long_prefill
-
-        arms = tuple(args.arms.split(",")) if args.arms else long_prefill.ARMS
-        if set(arms) - set(long_prefill.ARMS):
-            raise ConfigError(f"unknown arm(s); known: {', '.join(long_prefill.ARMS)}")
-        results = long_prefill.run(engine, args.quick, out / f"long_prefill{suffix}.json", arms)
-        plots.long_prefill(results, out / f"long_prefill{suffix}.png")
-        summaries["long_prefill"] = results
-    if "scorers" in chosen:
-        from bench import scorers
-
-        lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else \
-            ([1024] if args.quick else [4096, 8192])
-        summary = scorers.run(engine, build(PrefillPolicy), lengths, scorers.parse_arms(args.scorers),
-                              out / f"scorers{suffix}.json")
-        plots.scorers_ttft(summary, out / f"scorers{suffix}.png")
-        summaries["scorers"] = summary
-    if "constrained" in chosen:
-        from bench import constrained
-
-        s = constrained.run(engine, args.quick, out / f"constrained{suffix}.json")
-        plots.constrained(s, out / f"constrained{suffix}.png")
-        summaries["constrained"] = s
-    if "topp" in chosen:
-        from bench import topp
-        summaries["topp"] = topp.run(out / f"topp{suffix}.json")
+    r = Run(args, engine, Path(args.out), "_quick" if args.quick else "")
+    summaries = {name: REGISTRY[name](r) for name in SCENARIOS if name in chosen}
     progress("done")
     print(orjson.dumps(summaries, option=orjson.OPT_INDENT_2).decode())
     return 0
