@@ -1,10 +1,11 @@
 """``specgate bench failover``: a 2-replica cluster (ops/cluster.sh: redis-server, HAProxy)
-on tiny models; 20 sessions x 6 turns, one replica SIGKILLed after turn 3.
+on tiny models; 20 sessions x 6 turns, 4 clients at a time, one replica SIGKILLed
+during turn 4 while it is running turns.
 
-It reports turns served, turns rebuilt on the surviving replica, the extra
-TTFT a rebuild costs (rebuilt turns against the same turn index served from
-live KV), and the errors clients saw: a request in flight at the kill may
-fail, is retried once by the client, and is counted.
+It reports turns served, turns in flight on the dead replica at the kill,
+turns rebuilt on the surviving replica, the extra TTFT a rebuild costs
+(rebuilt turns against the same turn index served from live KV), and the
+errors clients saw (a client retries a failed request once; both are counted).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import signal
 import statistics
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -50,18 +53,26 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 20,
     errors: list[str] = []
     histories: dict[str, list[dict[str, Any]]] = {f"f-{i:02d}": [{"role": "system", "content": "You log pumps."}]
                                                   for i in range(n_sessions)}
+    box: list[int] = []  # turns running on r2 when it was killed
     try:
-        with httpx.Client(base_url=cluster.base, timeout=300) as http:
+        with httpx.Client(base_url=cluster.base, timeout=300) as http, ThreadPoolExecutor(4) as pool:
             for t in range(turns):
+                killer = None
                 if t == turns // 2:
-                    progress("failover: SIGKILL replica r2")
-                    cluster.kill(2, signal.SIGKILL)
+                    killer = threading.Thread(target=kill_while_running, args=(cluster, 2, box))
+                    killer.start()
                 progress(f"failover: turn {t + 1} of {turns}")
-                for i, (sid, history) in enumerate(histories.items()):
+
+                def go(item: tuple[int, tuple[str, list[dict[str, Any]]]], t: int = t) -> None:
+                    i, (sid, history) = item
                     text = f"Turn {t}: " + " ".join(WORDS[(i + t + k) % len(WORDS)] for k in range(150))
                     timing = one_turn(http, sid, history, text, errors)
                     if timing is not None:
                         rows.append({"session": sid, "turn": t + 1, **timing})
+
+                list(pool.map(go, enumerate(histories.items())))
+                if killer is not None:
+                    killer.join()
         intact = sum((cluster.record("anonymous", sid) or {}).get("history") == h for sid, h in histories.items())
     finally:
         cluster.down()
@@ -74,7 +85,27 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 20,
                "live_ttft_ms_median": round(statistics.median(live), 1) if live else None,
                "extra_ttft_ms_per_rebuild": round(statistics.median(rebuilt) - statistics.median(live), 1)
                if rebuilt and live else None,
-               "client_errors": len(errors), "histories_intact": intact}
+               "client_errors": len(errors), "histories_intact": intact, "turns_running_on_r2_at_kill": box[0] if box else 0}
     write_result(out, "failover", {"summary": summary, "rows": rows, "errors": errors},
                  {"target": tiny_target, "speculator": tiny_speculator})
     return summary
+
+
+def kill_while_running(cluster: Cluster, i: int, box: list[int], timeout_s: float = 120) -> None:
+    """SIGKILL replica ``i`` as soon as its /metrics shows a turn running; ``box`` gets how many."""
+    deadline = time.monotonic() + timeout_s
+    url = cluster.url(i) + "/metrics"
+    while time.monotonic() < deadline:
+        try:
+            text = httpx.get(url, timeout=5).text
+        except httpx.HTTPError:
+            continue
+        running = next(float(line.split()[1]) for line in text.splitlines()
+                       if line.startswith("specgate_running_turns "))
+        if running >= 1:
+            progress(f"failover: SIGKILL replica r{i} with {int(running)} turn(s) running")
+            cluster.kill(i, signal.SIGKILL)
+            box.append(int(running))
+            return
+        time.sleep(0.01)
+    cluster.kill(i, signal.SIGKILL)
