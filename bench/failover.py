@@ -85,7 +85,8 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 20,
                "live_ttft_ms_median": round(statistics.median(live), 1) if live else None,
                "extra_ttft_ms_per_rebuild": round(statistics.median(rebuilt) - statistics.median(live), 1)
                if rebuilt and live else None,
-               "client_errors": len(errors), "histories_intact": intact, "turns_running_on_r2_at_kill": box[0] if box else 0}
+               "client_errors": len(errors), "histories_intact": intact,
+               "turns_running_on_r2_at_kill": box[0] if box else 0}
     write_result(out, "failover", {"summary": summary, "rows": rows, "errors": errors},
                  {"target": tiny_target, "speculator": tiny_speculator})
     return summary
