@@ -405,6 +405,8 @@ class Engine:
             gen = yield from generate(seq, n_past, params.sampling, on_text, idx)
             if constraint := params.sampling.constraint:
                 t.constraint, t.grammar_ms, t.mask_ms = constraint.kind, gen.grammar_ms, gen.mask_ms
+                if params.decoding.mode is not DecodeMode.PLAIN:  # asked for, not run: say so
+                    t.constraint_fallback = params.decoding.mode.value
         else:
             gen = yield from self.speculate(kv_all, prompt, params.decoding, params.sampling, on_text, t, slot, idx)
         kv.extend(gen.tokens[: gen.n_decoded], range(n_past, n_past + gen.n_decoded))

@@ -71,6 +71,7 @@ class Timings:
     constraint: str = ""  # what the reply was held to (core.constraints kinds); "" when free
     grammar_ms: float = 0.0
     mask_ms: float = 0.0
+    constraint_fallback: str = ""  # the decode mode asked for, when a constraint made it decode plainly
     draft_sync_ms: float = 0.0  # bringing the draft up to the prompt before speculating
     speculative: SpeculativeStats = field(default_factory=SpeculativeStats)
 
@@ -103,6 +104,8 @@ class Timings:
         if self.constraint:
             out.update({"constraint": self.constraint, "grammar_ms": round(self.grammar_ms, 2),
                         "mask_ms": round(self.mask_ms, 2)})
+            if self.constraint_fallback:
+                out["constraint_fallback"] = self.constraint_fallback
         if self.decode_mode != DecodeMode.PLAIN:
             s = self.speculative
             out.update({

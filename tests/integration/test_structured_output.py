@@ -161,3 +161,14 @@ def test_pydantic_ai_prompted_output_on_the_real_pair():
         assert out is None or isinstance(out, Weather)
     finally:
         server.stop()
+
+
+def test_a_constrained_turn_decodes_plainly_and_says_so(gw):
+    """Drafts are not checked against the grammar, so speculative decoding asked for beside a
+    constraint falls back to plain decoding for that turn, and ``timings`` report it."""
+    r = client(gw).chat.completions.create(model="m", messages=ASK, max_tokens=40, extra_body={"speculative": True},
+                                           response_format={"type": "json_schema", "json_schema": {
+                                               "name": "weather", "schema": SCHEMA}})
+    t = r.model_extra["timings"]
+    assert t["decode_mode"] == "plain" and t["constraint_fallback"] == "speculative"
+    jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
