@@ -26,6 +26,12 @@ async def serve(config: ServeConfig) -> None:
     runner = app_runner(app)
     await runner.setup()
     await web.TCPSite(runner, config.gateway.host, config.gateway.port).start()
+    import structlog
+
+    structlog.get_logger("specgate.serve").info(
+        "listening", url=f"http://{config.gateway.host}:{config.gateway.port}",
+        openai_base_url=f"http://{config.gateway.host}:{config.gateway.port}/v1",
+        anthropic_base_url=f"http://{config.gateway.host}:{config.gateway.port}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -12,7 +12,7 @@ import llama_cpp
 from core.config import SamplingParams
 from core.guided import Guide
 from core.llama_bindings import Context, Model, Seq
-from core.steps import Tokens, Turn
+from core.steps import Tokens, TurnSteps
 from core.stop import StopMatcher
 
 # Called with each new piece of text; return False to stop generating (client gone, cancel).
@@ -114,7 +114,7 @@ class TextStream:
 
 
 def generate(seq: Seq, n_past: int, params: SamplingParams, on_text: OnText | None = None,
-             idx: int = -1) -> Turn[Generation]:
+             idx: int = -1) -> TurnSteps[Generation]:
     """Sample from the logits already in the context (batch index ``idx``; the prompt's
     last position is ``n_past - 1``) until EOG, a stop string, ``max_tokens`` or the
     callback says stop.  Each new token is a one-token request (see core.steps)."""

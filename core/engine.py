@@ -41,7 +41,7 @@ from core.session_kv import (
 )
 from core.specattn import SparseVerify, layer_weights
 from core.speculative import SpeculativeDecoder
-from core.steps import Tokens, Turn, drive
+from core.steps import Tokens, TurnSteps, drive
 
 VOCAB_PROBE = "SpecGate probe: fn get_weather(city) -> {\"temp\": 21.5} 東京 ✓"
 CALIBRATION_TEXT = (
@@ -159,7 +159,7 @@ class Engine:
                 adopted = n
         return adopted
 
-    def prefill_prefix(self, tokens: tuple[int, ...], kv: SessionKV, slot: int) -> Turn[tuple[bytes, bytes]]:
+    def prefill_prefix(self, tokens: tuple[int, ...], kv: SessionKV, slot: int) -> TurnSteps[tuple[bytes, bytes]]:
         """Prefill ``tokens`` densely into the empty ``slot`` in both models (requests to the
         step loop), and return both sequences' state: a shared prefix's cache entry."""
         for ctx, state, cost in ((self.target_ctx, kv.target, self.costs.target),
@@ -242,14 +242,14 @@ class Engine:
         return plan_speculator_sync(kv.speculator, kv.target, tokens, self.costs.speculator.seconds, self._calls)
 
     def score(self, kv: SessionKV, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings,
-              slot: int = 0, sync: SpeculatorSync | None = None) -> Turn[np.ndarray]:
+              slot: int = 0, sync: SpeculatorSync | None = None) -> TurnSteps[np.ndarray]:
         """Per-token importance over all of ``tokens`` (see :meth:`capture_steps`)."""
         steps = yield from self.capture_steps(kv, tokens, policy.lookahead, t, slot, sync)
         return importance(steps, len(tokens), policy.pool_kernel, policy.boost_first_n, policy.boost_first_mult,
                           policy.boost_last_n, policy.boost_last_mult, policy.score_agg)
 
     def capture_steps(self, kv_all: SessionKV, tokens: tuple[int, ...], lookahead: int, t: Timings,
-                      slot: int = 0, sync: SpeculatorSync | None = None) -> Turn[list[np.ndarray]]:
+                      slot: int = 0, sync: SpeculatorSync | None = None) -> TurnSteps[list[np.ndarray]]:
         """Prefill the speculator's missing tokens without capture (a request to the step
         loop), then capture the last prompt token's row and ``lookahead`` greedy steps:
         [n_layer, n_head, n] each, one column per logical token (zero where the speculator
@@ -291,7 +291,7 @@ class Engine:
             seq.remove_from(kv.truncate(n_keep))
 
     def _sync_speculator(self, seq: Seq, kv: SeqState, tokens: Sequence[int], t: Timings,
-                         sync: SpeculatorSync | None = None) -> Turn[int]:
+                         sync: SpeculatorSync | None = None) -> TurnSteps[int]:
         """Bring the speculator's sequence to exactly ``tokens``, rebuilt as ``sync`` says;
         returns the next position.  Every such prefill also refreshes the measured
         speculator speed."""
@@ -309,7 +309,7 @@ class Engine:
             t.speculator_prefill_n += len(delta)
         return base + len(delta)
 
-    def _mirror(self, seq: Seq, kv: SeqState, history: Sequence[int], held: np.ndarray, t: Timings) -> Turn[None]:
+    def _mirror(self, seq: Seq, kv: SeqState, history: Sequence[int], held: np.ndarray, t: Timings) -> TurnSteps[None]:
         """Empty the speculator's sequence and prefill only ``history[held]`` (the target's
         cells) at their logical positions, so later tokens attend to what the target kept."""
         seq.clear()
@@ -334,7 +334,7 @@ class Engine:
             self.target_ctx.abort = self.speculator_ctx.abort = None
 
     def turn(self, prompt: Prompt, params: TurnParams, on_text: OnText | None = None,
-             kv: SessionKV | None = None, slot: int = 0) -> Turn[Result]:
+             kv: SessionKV | None = None, slot: int = 0) -> TurnSteps[Result]:
         """One turn in ``slot``.  With ``kv`` (the session whose KV the slot holds) only
         the delta against the session's tokens is prefilled; without it, the slot is
         emptied first."""
@@ -387,7 +387,7 @@ class Engine:
 
     def prefill_and_decode(self, kv_all: SessionKV, delta: tuple[int, ...], kept: np.ndarray,
                            params: TurnParams, on_text: OnText | None, t: Timings,
-                           prompt: tuple[int, ...], slot: int = 0) -> Turn[Generation]:
+                           prompt: tuple[int, ...], slot: int = 0) -> TurnSteps[Generation]:
         seq, kv, mode = self.target_ctx.seq(slot), kv_all.target, params.prefill.position_mode
         # original mode keeps logical positions (bridging any gap); compact packs after the cache
         base = len(kv.tokens) if mode == "original" else kv.next_pos
@@ -415,7 +415,7 @@ class Engine:
         return gen
 
     def speculate(self, kv: SessionKV, prompt: tuple[int, ...], policy: DecodingPolicy, sampling: SamplingParams,
-                  on_text: OnText | None, t: Timings, slot: int = 0, idx: int = -1) -> Turn[Generation]:
+                  on_text: OnText | None, t: Timings, slot: int = 0, idx: int = -1) -> TurnSteps[Generation]:
         """Speculative decoding from the prefilled target; the draft catches up on the
         prompt after the first token is out (so it does not delay TTFT).  It decodes
         unbatched, yielding a step to the other turns between rounds."""

@@ -21,11 +21,11 @@ import numpy as np
 
 from core.llama_bindings import Seq
 from core.selection import runs
-from core.steps import Tokens, Turn
+from core.steps import Tokens, TurnSteps
 
 
 def sparse_prefill(seq: Seq, tokens: Sequence[int], kept: np.ndarray, mode: str,
-                   base_pos: int) -> Turn[tuple[int, int]]:
+                   base_pos: int) -> TurnSteps[tuple[int, int]]:
     """Prefill ``tokens[kept]``; ``base_pos`` is the position of ``tokens[0]`` and
     the sequence must end at ``base_pos - 1`` (or be empty).  Each run is one request
     (core.steps), the last one keeping its logits.  Returns the next position and the

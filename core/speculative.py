@@ -29,7 +29,7 @@ from core.decode import Generation, OnText, TextStream
 from core.llama_bindings import AttentionCapture, Seq
 from core.results import SpeculativeStats
 from core.specattn import SparseVerify, view_spans
-from core.steps import Turn
+from core.steps import TurnSteps
 
 DraftReady = Callable[[], tuple[list[int], int, list[int]]]  # pending, their position, prompt tokens held
 
@@ -58,7 +58,7 @@ class SpeculativeDecoder:
         self.gamma, self.sparse = gamma, sparse
 
     def generate(self, positions: list[int], draft_ready: DraftReady, params: SamplingParams,
-                 on_text: OnText | None = None, idx: int = -1) -> Turn[SpeculativeGeneration]:
+                 on_text: OnText | None = None, idx: int = -1) -> TurnSteps[SpeculativeGeneration]:
         """Continue from the target logits in place (the prompt's last token is decoded).
         ``draft_ready`` brings the draft up to the prompt once the first token is out and
         returns (the prompt tail it has not decoded, the position that tail goes to, the

@@ -37,14 +37,14 @@ from typing import Any
 from core.chunk_budget import ChunkBudget
 from core.errors import TurnCancelled
 from core.llama_bindings import Context
-from core.steps import Tokens, Turn, Wait
+from core.steps import Tokens, TurnSteps, Wait
 
 
 @dataclass(slots=True, eq=False)
 class Job:
     """A turn in the loop and where it stands."""
 
-    turn: Turn[Any]
+    turn: TurnSteps[Any]
     future: concurrent.futures.Future[Any]
     abort: Callable[[], bool] | None = None
     request: Tokens | Wait | None = None  # what it waits for; None: resume it at the next step

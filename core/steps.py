@@ -46,10 +46,10 @@ class Wait:
     ready: Callable[[], bool]
 
 
-Turn = Generator["Tokens | Wait | None", "int | None", R]
+TurnSteps = Generator["Tokens | Wait | None", "int | None", R]
 
 
-def drive(turn: Turn[R]) -> R:
+def drive(turn: TurnSteps[R]) -> R:
     """Run ``turn`` alone to its result."""
     reply: int | None = None
     while True:

@@ -24,7 +24,7 @@ from core.config import EngineConfig
 from core.engine import Engine
 from core.errors import EngineError
 from core.step_loop import Job, StepLoop, StepStats
-from core.steps import Turn
+from core.steps import TurnSteps
 
 log = structlog.get_logger("specgate.worker")
 T = TypeVar("T")
@@ -79,7 +79,7 @@ class ModelWorker:
         logged, never raised to anyone."""
         self._queue(fn).add_done_callback(_log_failure)
 
-    async def turn(self, start: Callable[[Engine], Turn[T]], abort: Callable[[], bool] | None = None) -> T:
+    async def turn(self, start: Callable[[Engine], TurnSteps[T]], abort: Callable[[], bool] | None = None) -> T:
         """Run the turn ``start(engine)`` returns in the step loop; ``abort`` is polled
         before each of its prefill chunks."""
         self._check()
@@ -149,7 +149,7 @@ def _log_failure(fut: concurrent.futures.Future[Any]) -> None:
         log.error("model_job_failed", error=f"{type(exc).__name__}: {exc}")
 
 
-def _in_context(ctx: contextvars.Context, turn: Turn[T]) -> Turn[T]:
+def _in_context(ctx: contextvars.Context, turn: TurnSteps[T]) -> TurnSteps[T]:
     """``turn``, each resumption run inside ``ctx`` (the request's log context)."""
     resume: Callable[[Any], Any] = turn.send
     value: Any = None

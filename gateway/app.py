@@ -28,11 +28,11 @@ from gateway.errors import REJECTED, Handler, error_middleware
 from gateway.forward import route_to_owner, tag_replica
 from gateway.metrics import Metrics
 from gateway.turns import TurnRunner
+from sessions.admission import FairAdmission
 from sessions.manager import SessionManager
 from sessions.metadata import RedisStore, open_store
 from sessions.parked_kv import ParkedKV
 from sessions.registry import LocalRegistry, RedisRegistry
-from sessions.scheduler import FairScheduler
 from sessions.store_writer import StoreWriter
 
 log = structlog.get_logger("specgate.http")
@@ -113,7 +113,7 @@ def model_fingerprint(config: ServeConfig) -> bytes:
 async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
     config = app[keys.CONFIG]
     cfg = config.gateway
-    scheduler = FairScheduler(cfg.max_queue, config.engine.slots)
+    scheduler = FairAdmission(cfg.max_queue, config.engine.slots)
     parked = ParkedKV(cfg.kv_budget_mb << 20, cfg.kv_spill_dir or None, model_fingerprint(config),
                       cfg.kv_spill_max_mb << 20)
     manager = SessionManager(app[keys.WORKER], app[keys.STORE], parked, scheduler, app[keys.WRITER],

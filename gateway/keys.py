@@ -10,11 +10,11 @@ from core.worker import ModelWorker
 from gateway.auth import ApiKeys
 from gateway.metrics import Metrics
 from gateway.turns import TurnRunner
+from sessions.admission import FairAdmission
 from sessions.manager import SessionManager
 from sessions.metadata import MetadataStore
 from sessions.parked_kv import ParkedKV
 from sessions.registry import Registry
-from sessions.scheduler import FairScheduler
 from sessions.store_writer import StoreWriter
 
 CONFIG = web.AppKey("config", ServeConfig)
@@ -24,7 +24,7 @@ WORKER = web.AppKey("worker", ModelWorker)
 STORE = web.AppKey("store", MetadataStore)
 WRITER = web.AppKey("writer", StoreWriter)
 PARKED = web.AppKey("parked", ParkedKV)
-SCHEDULER = web.AppKey("scheduler", FairScheduler)
+SCHEDULER = web.AppKey("scheduler", FairAdmission)
 MANAGER = web.AppKey("manager", SessionManager)
 METRICS = web.AppKey("metrics", Metrics)
 RUNNER = web.AppKey("runner", TurnRunner)

@@ -46,14 +46,14 @@ from core.errors import (
 from core.prompt import Prompt
 from core.results import Timings
 from core.session_kv import SessionKV, dense_prefix
-from core.steps import Turn, Wait
+from core.steps import TurnSteps, Wait
 from core.worker import ModelWorker
+from sessions.admission import FairAdmission
 from sessions.ids import check_id, session_key
 from sessions.metadata import MetadataStore
 from sessions.parked_kv import ParkedKV
 from sessions.prefix_cache import PrefixCache
 from sessions.registry import LocalRegistry, Registry
-from sessions.scheduler import FairScheduler
 from sessions.slots import Seat, SlotTable
 from sessions.store_writer import StoreWriter
 
@@ -164,7 +164,7 @@ class PrefixStart:
 
 
 class SessionManager:
-    def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV, scheduler: FairScheduler,
+    def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV, scheduler: FairAdmission,
                  writer: StoreWriter, limits: Limits = DEFAULT_LIMITS, ttl_s: float = 86400,
                  registry: Registry | None = None, prefix_min_tokens: int = 256) -> None:
         self.worker = worker
@@ -406,7 +406,7 @@ class SessionManager:
         return evicted
 
     def _stateless(self, engine: Engine, owner: str, render: Render, params: TurnParams,
-                   on_text: OnText | None, cancel: threading.Event) -> Turn[TurnOutcome]:
+                   on_text: OnText | None, cancel: threading.Event) -> TurnSteps[TurnOutcome]:
         if cancel.is_set():
             raise TurnCancelled("the client left before the turn started")
         prompt = render(engine)
@@ -425,7 +425,7 @@ class SessionManager:
         return TurnOutcome(result, evicted)
 
     def _session_turn(self, engine: Engine, session: Session, render: Render, params: TurnParams,
-                      on_text: OnText | None, cancel: threading.Event) -> Turn[TurnOutcome]:
+                      on_text: OnText | None, cancel: threading.Event) -> TurnSteps[TurnOutcome]:
         if cancel.is_set():
             raise TurnCancelled("the turn was cancelled before it started")
         prompt = render(engine)
@@ -459,7 +459,7 @@ class SessionManager:
         return TurnOutcome(result, evicted)
 
     def _start_from_prefix(self, engine: Engine, owner: str, kv: SessionKV, prompt: Prompt,
-                           slot: int) -> Turn[PrefixStart]:
+                           slot: int) -> TurnSteps[PrefixStart]:
         """Start ``kv`` (empty, in ``slot``) from a shared prefix (sessions.prefix_cache):
         restore the owner's cached system prompt, wait while another turn builds it, or build
         it if it is frequent; else adopt from an idle resident session of the same owner."""

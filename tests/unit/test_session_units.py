@@ -8,10 +8,10 @@ import pytest
 
 from core.errors import QueueFull, StoreUnavailable
 from core.prompt import Prompt, Span
+from sessions.admission import FairAdmission
 from sessions.metadata import MemoryStore, RedisStore
 from sessions.parked_kv import ParkedKV
 from sessions.prefix_cache import PrefixCache, prefix_end
-from sessions.scheduler import FairScheduler
 
 
 def test_parked_kv_lru_budget_and_drop():
@@ -89,7 +89,7 @@ def test_a_failed_build_leaves_no_entry_and_a_finished_one_is_kept():
 
 
 async def test_scheduler_round_robin_and_bound():
-    sched = FairScheduler(max_pending=5)
+    sched = FairAdmission(max_pending=5)
     order: list[str] = []
     gate = asyncio.Event()
 
@@ -116,7 +116,7 @@ async def test_scheduler_round_robin_and_bound():
 
 
 async def test_scheduler_delivers_exceptions_and_skips_cancelled():
-    sched = FairScheduler(max_pending=10)
+    sched = FairAdmission(max_pending=10)
     sched.start()
 
     async def boom():

@@ -18,14 +18,14 @@ from typing import Any
 
 from core.errors import QueueFull
 
-Job = Callable[[], Awaitable[Any]]
+Admitted = Callable[[], Awaitable[Any]]  # a job waiting for its turn on the model thread
 
 
-class FairScheduler:
+class FairAdmission:
     def __init__(self, max_pending: int, max_running: int = 1) -> None:
         self.max_pending = max_pending
         self.max_running = max_running
-        self._queues: dict[str, deque[tuple[Job, asyncio.Future[Any]]]] = {}
+        self._queues: dict[str, deque[tuple[Admitted, asyncio.Future[Any]]]] = {}
         self._ring: deque[str] = deque()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -63,7 +63,7 @@ class FairScheduler:
             raise QueueFull(f"{self.pending} requests already queued (limit {self.max_pending})",
                             retry_after_s=2)
 
-    async def submit(self, key: str, job: Job) -> Any:
+    async def submit(self, key: str, job: Admitted) -> Any:
         self.admit()
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         queue = self._queues.setdefault(key, deque())
@@ -74,7 +74,7 @@ class FairScheduler:
         self._wakeup.set()
         return await fut
 
-    def _next(self) -> tuple[Job, asyncio.Future[Any]]:
+    def _next(self) -> tuple[Admitted, asyncio.Future[Any]]:
         key = self._ring.popleft()
         queue = self._queues[key]
         item = queue.popleft()
@@ -103,7 +103,7 @@ class FairScheduler:
         self._wakeup.set()
 
     @staticmethod
-    async def _run(job: Job, fut: asyncio.Future[Any]) -> None:
+    async def _run(job: Admitted, fut: asyncio.Future[Any]) -> None:
         try:
             result = await job()
         except asyncio.CancelledError:
