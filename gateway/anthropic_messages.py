@@ -24,6 +24,7 @@ from aiohttp import web
 from core.config import DEFAULT_LIMITS, Limits, TurnParams
 from core.errors import InvalidRequest
 from gateway import keys, protocol, sse
+from gateway import messages as wire
 from gateway.bodies import json_response, read_json
 from gateway.errors import anthropic_body
 from gateway.protocol import ChatRequest, TurnResult
@@ -76,7 +77,7 @@ def parse_messages_body(body: Any, defaults: TurnParams, header_session: str | N
         if body.get("system") else []
     for i, m in enumerate(raw):
         chat += _message(m, f"messages[{i}]")
-    tools = _tools(body.get("tools"))
+    tools = wire.function_tools(body.get("tools"), lambda t: "input_schema" in t, "input_schema")
     choice = _tool_choice(body.get("tool_choice"))
     chat_body = {
         "messages": chat, "tools": tools, "tool_choice": choice, "model": body.get("model"),
@@ -90,22 +91,8 @@ def parse_messages_body(body: Any, defaults: TurnParams, header_session: str | N
                                limits, n_ctx)
 
 
-def _text_of(blocks: Any, where: str) -> str:
-    if isinstance(blocks, str):
-        return blocks
-    if not isinstance(blocks, list):
-        raise InvalidRequest(f"{where} must be a string or a list of text blocks")
-    out = []
-    for i, b in enumerate(blocks):
-        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
-            kind = b.get("type") if isinstance(b, dict) else type(b).__name__
-            raise InvalidRequest(f"{where}[{i}] must be a text block; {kind!r} blocks are not supported here")
-        out.append(b["text"])
-    return "".join(out)
-
-
 def _system(system: Any) -> str:
-    return _text_of(system, "system")
+    return wire.join_text(system, "system")
 
 
 def _message(m: Any, where: str) -> list[dict[str, Any]]:
@@ -131,7 +118,7 @@ def _message(m: Any, where: str) -> list[dict[str, Any]]:
             if not isinstance(block.get("tool_use_id"), str):
                 raise InvalidRequest(f"{at}.tool_use_id must be a string")
             result = block.get("content", "")
-            body = _text_of(result, f"{at}.content") if result else ""
+            body = wire.join_text(result, f"{at}.content") if result else ""
             out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                         "content": f"Error: {body}" if block.get("is_error") else body})
         elif kind in IGNORED_BLOCKS:
@@ -157,23 +144,6 @@ def _tool_use(block: dict[str, Any], where: str) -> dict[str, Any]:
         raise InvalidRequest(f"{where}.input must be an object")
     return {"id": block["id"], "type": "function",
             "function": {"name": block["name"], "arguments": orjson.dumps(args).decode()}}
-
-
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise InvalidRequest("'tools' must be a list")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-            raise InvalidRequest(f"tools[{i}] must be an object with a string 'name'")
-        if "input_schema" not in t:  # a server tool (web search, bash, ...): nothing here can run it
-            log.warning("tool_ignored", name=t["name"], tool_type=t.get("type"))
-            continue
-        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
-                                                      "parameters": t["input_schema"]}})
-    return out or None
 
 
 def _tool_choice(choice: Any) -> Any:

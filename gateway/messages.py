@@ -7,11 +7,15 @@ Every error names the offending field; a request over a size limit is a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import structlog
 
 from core.config import Limits
 from core.errors import InvalidRequest, RequestTooLarge
 
+log = structlog.get_logger("specgate.http")
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system
 
 
@@ -146,3 +150,42 @@ def tool_choice(choice: Any, tools: tuple[dict[str, Any], ...] | None) -> str:
     if name not in offered:
         raise InvalidRequest(f"'tool_choice' names {name!r}, which is not among the offered tools {offered}")
     return name
+
+
+def join_text(content: Any, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """A string, or a list of text parts of ``kinds`` joined (another protocol's content)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where} must be a string or a list of text parts")
+    parts = []
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        text = part.get("refusal" if kind == "refusal" else "text") if kind in kinds else None
+        if not isinstance(text, str):
+            raise InvalidRequest(f"{where}[{k}]: {kind!r} parts are not supported here (this server's models "
+                                 "read text only)")
+        parts.append(text)
+    return "".join(parts)
+
+
+def function_tools(tools: Any, runnable: Callable[[dict[str, Any]], bool],
+                   schema_key: str) -> list[dict[str, Any]] | None:
+    """Another protocol's tool list as OpenAI chat functions; tools SpecGate cannot run (hosted
+    search, shells, ...) are left out with a logged warning, not refused, as agents send them."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise InvalidRequest("'tools' must be a list")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict):
+            raise InvalidRequest(f"tools[{i}] must be an object")
+        if not runnable(t):
+            log.warning("tool_ignored", tool_type=t.get("type"), name=t.get("name"))
+            continue
+        if not isinstance(t.get("name"), str):
+            raise InvalidRequest(f"tools[{i}].name must be a string")
+        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
+                                                      "parameters": t.get(schema_key) or {}}})
+    return out or None

@@ -28,6 +28,7 @@ from aiohttp import web
 
 from core.errors import InvalidRequest, SessionNotFound
 from gateway import keys, protocol, sse
+from gateway import messages as wire
 from gateway.auth import OWNER
 from gateway.bodies import json_response, read_json
 from gateway.errors import error_body
@@ -179,7 +180,8 @@ def parse_body(body: Any, history: list[dict[str, Any]], defaults: Any, limits: 
     if "input" not in body:
         raise InvalidRequest("'input' is required: a string or a list of items")
     messages = ([{"role": "system", "content": instructions}] if instructions else []) + history + items(body["input"])
-    chat_body = {"messages": messages, "tools": _tools(body.get("tools")), "model": body.get("model"),
+    tools = wire.function_tools(body.get("tools"), lambda t: t.get("type") == "function", "parameters")
+    chat_body = {"messages": messages, "tools": tools, "model": body.get("model"),
                  "tool_choice": _tool_choice(body.get("tool_choice")), "stream": body.get("stream"),
                  "max_tokens": body.get("max_output_tokens"), "temperature": body.get("temperature"),
                  "top_p": body.get("top_p"), "specprefill": body.get("specprefill"),
@@ -210,14 +212,15 @@ def items(raw: Any) -> list[dict[str, Any]]:
             raise InvalidRequest(f"{where} must be an object")
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            out.append({"role": item.get("role"), "content": _text(item.get("content"), f"{where}.content")})
+            content = wire.join_text(item.get("content"), f"{where}.content", TEXT_PARTS)
+            out.append({"role": item.get("role"), "content": content})
         elif kind == "function_call":
             _function_call(out, item, where)
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
                 raise InvalidRequest(f"{where}.call_id must be a string")
             out.append({"role": "tool", "tool_call_id": item["call_id"],
-                        "content": _text(item.get("output", ""), f"{where}.output")})
+                        "content": wire.join_text(item.get("output", ""), f"{where}.output", TEXT_PARTS)})
         elif kind == "reasoning":
             continue  # a reasoning model's own summary, sent back: nothing to render
         else:
@@ -238,43 +241,6 @@ def _function_call(out: list[dict[str, Any]], item: dict[str, Any], where: str) 
         out[-1].setdefault("tool_calls", []).append(call)
         return
     out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-
-
-def _text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise InvalidRequest(f"{where} must be a string or a list of content parts")
-    parts = []
-    for k, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS:
-            raise InvalidRequest(f"{where}[{k}]: {kind!r} parts are not supported (this server's models read "
-                                 "text only)")
-        text = part.get("refusal" if kind == "refusal" else "text")
-        if not isinstance(text, str):
-            raise InvalidRequest(f"{where}[{k}].text must be a string")
-        parts.append(text)
-    return "".join(parts)
-
-
-def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise InvalidRequest("'tools' must be a list")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict):
-            raise InvalidRequest(f"tools[{i}] must be an object")
-        if t.get("type") != "function":  # hosted tools (web search, shell, ...): nothing here can run them
-            log.warning("tool_ignored", tool_type=t.get("type"), name=t.get("name"))
-            continue
-        if not isinstance(t.get("name"), str):
-            raise InvalidRequest(f"tools[{i}].name must be a string")
-        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
-                                                      "parameters": t.get("parameters") or {}}})
-    return out or None
 
 
 def _format(fmt: Any) -> Any:
