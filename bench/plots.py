@@ -29,10 +29,11 @@ def constrained(summary: dict[str, Any], out: Path) -> None:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4.2))
     arms = list(summary["serving"])
     tps = [summary["serving"][a]["tokens_per_s_median"] or 0 for a in arms]
-    ax.bar(arms, tps, color=["grey"] + ["tab:blue"] * (len(arms) - 1))
+    ax.bar(arms, tps, color=["grey" if summary["serving"][a]["valid"] is None else "tab:blue" for a in arms])
     for i, a in enumerate(arms):
         s = summary["serving"][a]
-        note = "" if s["valid"] is None else f"\nvalid {s['valid']}/{s['requests']}"
+        note = "" if s["valid"] is None else \
+            f"\n{s['vs_free']:.2f}x {s['baseline']}\nvalid {s['valid']}/{s['requests']}"
         ax.annotate(f"{tps[i]:.1f} tok/s{note}", (i, tps[i]), ha="center", textcoords="offset points",
                     xytext=(0, 3), fontsize=7)
     ax.set_ylabel("decode tokens/s (median)")
