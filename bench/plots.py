@@ -33,7 +33,7 @@ def constrained(summary: dict[str, Any], out: Path) -> None:
     for i, a in enumerate(arms):
         s = summary["serving"][a]
         note = "" if s["valid"] is None else \
-            f"\n{s['vs_free']:.2f}x {s['baseline']}\nvalid {s['valid']}/{s['requests']}"
+            f"\n{s['vs_free']:.2f}x {s['baseline'].split('_')[0]}\nvalid {s['valid']}/{s['requests']}"
         ax.annotate(f"{tps[i]:.1f} tok/s{note}", (i, tps[i]), ha="center", textcoords="offset points",
                     xytext=(0, 3), fontsize=7)
     ax.set_ylabel("decode tokens/s (median)")
