@@ -31,6 +31,7 @@ class StoreWriter:
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._written = asyncio.Condition()  # notified after every write that lands
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
         self.failed_writes = 0
@@ -79,11 +80,11 @@ class StoreWriter:
     async def landed(self, key: str, timeout_s: float) -> bool:
         """Wait until ``key``'s latest record is in the store (a write another replica must be
         able to read at once); False after ``timeout_s``, when the store is slow or down."""
-        deadline = time.monotonic() + timeout_s
-        while key in self._pending:
-            if time.monotonic() > deadline:
+        async with self._written:
+            try:
+                await asyncio.wait_for(self._written.wait_for(lambda: key not in self._pending), timeout_s)
+            except TimeoutError:
                 return False
-            await asyncio.sleep(0.005)
         return True
 
     async def stop(self, flush_timeout_s: float = 2.0) -> None:
@@ -116,6 +117,8 @@ class StoreWriter:
                 continue
             if self._pending.get(key, ...) is record:  # not replaced while it was being written
                 del self._pending[key]
+                async with self._written:
+                    self._written.notify_all()
             if self._failures:
                 log.info("store_recovered", after_failures=self._failures)
             self._failures, self.open_until = 0, 0.0
