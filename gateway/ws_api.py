@@ -17,7 +17,7 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from core.errors import InvalidRequest, SessionBusy
-from gateway import keys, openai_chat, protocol
+from gateway import keys, openai_chat_objects, protocol
 from gateway.auth import OWNER
 from gateway.errors import ws_error
 from gateway.turns import Turn
@@ -98,4 +98,4 @@ async def stream_turn(ws: web.WebSocketResponse, turn: Turn) -> None:
         return
     if not ws.closed:
         await ws.send_json({"type": "done", "message": result.message, "finish_reason": result.finish_reason,
-                            "usage": openai_chat.usage(result.timings), "timings": result.timings.to_json()})
+                            "usage": openai_chat_objects.usage(result.timings), "timings": result.timings.to_json()})

@@ -11,7 +11,7 @@ from core.chat import for_template
 from core.config import TurnParams
 from core.errors import ConfigError, InvalidRequest
 from core.results import Result, SpeculativeStats, Timings
-from gateway import openai_chat, protocol, tool_calls
+from gateway import openai_chat_objects, protocol, tool_calls
 
 TOOLS = ({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},)
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
@@ -62,8 +62,8 @@ def test_turn_result_parses_calls_once_with_stable_ids():
     turn = protocol.turn_result(result, TOOLS)
     (call,) = turn.tool_calls
     assert turn.finish_reason == "tool_calls" and turn.message["content"] == "Checking."
-    body = openai_chat.completion("id", "m", turn, "s1")
-    chunks = openai_chat.final_chunks("id", "m", turn, "s1", include_usage=True)
+    body = openai_chat_objects.completion("id", "m", turn, "s1")
+    chunks = openai_chat_objects.final_chunks("id", "m", turn, "s1", include_usage=True)
     # the completion body, the last stream chunks and the history all carry the same call id
     assert body["choices"][0]["message"]["tool_calls"][0]["id"] == call["id"]
     assert chunks[0]["choices"][0]["delta"]["tool_calls"][0]["id"] == call["id"]
