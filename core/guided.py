@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from typing import Any
 
 import llama_cpp
@@ -30,7 +31,9 @@ def tokenizer_for(model: Any) -> Any:
     key = int(model.vocab) if isinstance(model.vocab, int) else id(model)
     with _lock:
         if key not in _tokenizers:
-            _tokenizers[key] = lltokenizer_from_vocab(model.vocab)
+            with warnings.catch_warnings():  # it calls a deprecated llama.cpp binding once per token
+                warnings.simplefilter("ignore", DeprecationWarning)
+                _tokenizers[key] = lltokenizer_from_vocab(model.vocab)
         return _tokenizers[key]
 
 
