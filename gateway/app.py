@@ -117,13 +117,16 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
     parked = ParkedKV(cfg.kv_budget_mb << 20, cfg.kv_spill_dir or None, model_fingerprint(config),
                       cfg.kv_spill_max_mb << 20)
     manager = SessionManager(app[keys.WORKER], app[keys.STORE], parked, scheduler, app[keys.WRITER],
-                             cfg.limits, cfg.session_ttl_s, app[keys.REGISTRY], cfg.prefix_min_tokens)
-    runner = TurnRunner(manager, app[keys.METRICS], cfg.auto_create_sessions)
+                             cfg.limits, cfg.session_ttl_s, app[keys.REGISTRY], cfg.prefix_min_tokens,
+                             cfg.implicit_min_share)
+    runner = TurnRunner(manager, app[keys.METRICS], cfg.auto_create_sessions, cfg.implicit_sessions)
     app[keys.SCHEDULER], app[keys.PARKED], app[keys.MANAGER], app[keys.RUNNER] = scheduler, parked, manager, runner
     live = app[keys.METRICS].live
     writer = app[keys.WRITER]
     live.gauges.update({
         "specgate_live_sessions": ("Sessions held in this process.", lambda: manager.live),
+        "specgate_implicit_sessions": ("Sessions the server made for requests that name none.",
+                                       lambda: manager.implicit_live),
         "specgate_running_turns": ("Turns running or queued.", lambda: len(runner.turns)),
         "specgate_queue_depth": ("Turns queued for the model thread, plus the running ones.",
                                  lambda: scheduler.depth),
@@ -147,6 +150,12 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
                                   lambda: manager.prefixes.waits),
         "specgate_prefix_adopted": ("Sessions that started from an idle resident session's prefix KV.",
                                     lambda: manager.prefixes.adopted),
+        "specgate_implicit_hits": ("Requests naming no session that continued a held conversation.",
+                                   lambda: manager.implicit_hits),
+        "specgate_implicit_misses": ("Requests naming no session that matched no idle held conversation.",
+                                     lambda: manager.implicit_misses),
+        "specgate_implicit_reused_tokens": ("Target tokens reused by turns of implicit sessions.",
+                                            lambda: manager.implicit_reused),
         "specgate_step_batches": ("Batches decoded by the step loop.", lambda: app[keys.WORKER].stats.batches),
         "specgate_step_batch_rows": ("Decoding turns' tokens over all batches (divide by batches: mean batch).",
                                      lambda: app[keys.WORKER].stats.batch_rows),

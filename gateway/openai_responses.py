@@ -34,7 +34,7 @@ from gateway.bodies import json_response, read_json
 from gateway.errors import error_body
 from gateway.protocol import ChatRequest, TurnResult
 from gateway.turn_http import begin, complete
-from sessions.manager import Session
+from sessions.manager import IMPLICIT_PREFIX, Session
 
 log = structlog.get_logger("specgate.http")
 routes = web.RouteTableDef()
@@ -61,10 +61,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     session, history = await _continued(request, body)
     req = parse(body, request, history)
-    if session is None and req.store:  # a new conversation, kept so a follow-up can continue it
-        session = await request.app[keys.MANAGER].create(request[OWNER], f"resp-{uuid.uuid4().hex[:20]}",
-                                                         implicit=True)
-    turn = await begin(request, req.chat, session)
+    if session is None and req.store and req.chat.session_id:  # kept apart from the named session, as ids say
+        session = await request.app[keys.MANAGER].start_implicit(request[OWNER], required=True)
+    turn = await begin(request, req.chat, session, keep=req.store)  # stored: kept so a follow-up continues it
+    session = turn.session
     resp_id = new_id(session)
     model = req.chat.model or request.app[keys.CONFIG].gateway.model_name
     built = Builder(resp_id, model, req)
@@ -107,14 +107,16 @@ async def input_tokens(request: web.Request) -> web.Response:
 # -- conversations ---------------------------------------------------------------------
 def new_id(session: Session | None) -> str:
     """``resp_<conversation>_<n>``: the id names the session that holds it (none: not stored)."""
-    base = session.id.removeprefix("resp-") if session is not None else uuid.uuid4().hex[:20]
+    base = uuid.uuid4().hex[:20]
+    if session is not None and session.id.startswith(IMPLICIT_PREFIX):
+        base = session.id.removeprefix(IMPLICIT_PREFIX)
     return f"resp_{base}_{uuid.uuid4().hex[:8]}"
 
 
 def session_id_of(resp_id: str) -> str:
     if not isinstance(resp_id, str) or not (m := _ID.fullmatch(resp_id)):
         raise SessionNotFound(f"response {resp_id!r} not found")
-    return f"resp-{m.group(1)}"
+    return f"{IMPLICIT_PREFIX}{m.group(1)}"
 
 
 async def _stored(request: web.Request, resp_id: str) -> tuple[Session, dict[str, Any]]:

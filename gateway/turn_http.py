@@ -19,22 +19,26 @@ from sessions.manager import Session
 log = structlog.get_logger("specgate.http")
 
 
-async def begin(request: web.Request, req: ChatRequest, session: Session | None = None) -> Turn:
-    """Start ``req`` for the caller: in ``session``, or the one it names (None: stateless).
+async def begin(request: web.Request, req: ChatRequest, session: Session | None = None, keep: bool = False) -> Turn:
+    """Start ``req`` for the caller: in ``session``, the one it names, or the conversation its
+    tokens continue (None: stateless); ``keep``: in a session even then (a response to store).
     Raises 404, 409, 429 and 503 here, before any response starts."""
     runner = request.app[keys.RUNNER]
     structlog.contextvars.bind_contextvars(session_id=req.session_id)
-    if session is None:
+    prompt = None
+    if session is None and req.session_id:
         session = await runner.session_for(request[OWNER], req.session_id)
+    elif session is None:
+        session, prompt = await runner.conversation_for(request[OWNER], req, keep)
     log.info("request_start", stream=req.stream, n_messages=len(req.messages), tools=bool(req.tools),
-             path=request.path)
+             path=request.path, implicit=session is not None and session.implicit)
     request_id = request.headers.get("X-Request-Id")
     try:
-        return runner.start(req, session, request[OWNER], request_id)
+        return runner.start(req, session, request[OWNER], request_id, prompt)
     except SessionBusy:
         if session is None or not await request.app[keys.MANAGER].replace_replayed(session, request_id):
             raise
-        return runner.start(req, session, request[OWNER], request_id)
+        return runner.start(req, session, request[OWNER], request_id, prompt)
 
 
 async def complete(request: web.Request, turn: Turn) -> TurnResult:

@@ -63,10 +63,11 @@ class Turn:
 
 
 class TurnRunner:
-    def __init__(self, manager: SessionManager, metrics: Metrics, auto_create: bool) -> None:
+    def __init__(self, manager: SessionManager, metrics: Metrics, auto_create: bool, implicit: bool = True) -> None:
         self.manager = manager
         self.metrics = metrics
         self.auto_create = auto_create
+        self.implicit = implicit  # requests that name no session continue the conversation their tokens match
         self.draining = False
         self.turns: set[Turn] = set()
 
@@ -78,8 +79,25 @@ class TurnRunner:
             return await self.manager.get_or_create(owner, session_id)
         return await self.manager.get(owner, session_id)
 
-    def start(self, request: ChatRequest, session: Session | None, owner: str, request_id: str | None = None) -> Turn:
-        """Claim the session and queue the turn; raises (409, 503, 429) before anything runs."""
+    async def conversation_for(self, owner: str, request: ChatRequest,
+                               required: bool = False) -> tuple[Session | None, Prompt | None]:
+        """For a request that names no session: the implicit session its rendered tokens
+        continue, else a new one (None: stateless, when the owner has no room), and the
+        rendered prompt.  ``required``: a session even when matching is off, or 429 (a
+        response to store).  Return to :meth:`start` without awaiting: a found session is
+        idle now, and the claim must see it so."""
+        if not self.implicit:
+            return (await self.manager.start_implicit(owner, True) if required else None), None
+        prompt = await self.manager.worker.call(lambda engine: _render(engine, request))
+        session = self.manager.continuing(owner, prompt.tokens)
+        if session is None:
+            session = await self.manager.start_implicit(owner, required)
+        return session, prompt
+
+    def start(self, request: ChatRequest, session: Session | None, owner: str, request_id: str | None = None,
+              prompt: Prompt | None = None) -> Turn:
+        """Claim the session and queue the turn; raises (409, 503, 429) before anything runs.
+        ``prompt``: the request already rendered (see :meth:`conversation_for`)."""
         if self.draining:
             raise ShuttingDown("the server is shutting down; retry on another replica")
         self.manager.scheduler.admit()
@@ -95,8 +113,7 @@ class TurnRunner:
             return True
 
         def render(engine: Engine) -> Prompt:  # model thread: tokenizing is llama.cpp work too
-            return engine.chat.render_chat(request.messages, request.tools,
-                                           has_grammar=request.params.sampling.constraint is not None)
+            return prompt if prompt is not None else _render(engine, request)
 
         key = f"stateless-{uuid.uuid4().hex[:8]}"
         turn.task = asyncio.create_task(self._run(turn, render, on_text, key))
@@ -150,3 +167,9 @@ class TurnRunner:
             await asyncio.wait(late, timeout=10)
         return len(late)
 
+
+
+def _render(engine: Engine, request: ChatRequest) -> Prompt:
+    """The request's prompt (model thread: tokenizing is llama.cpp work)."""
+    return engine.chat.render_chat(request.messages, request.tools,
+                                   has_grammar=request.params.sampling.constraint is not None)

@@ -25,7 +25,7 @@ import enum
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +45,11 @@ from core.errors import (
 )
 from core.prompt import Prompt
 from core.results import Timings
-from core.session_kv import SessionKV, dense_prefix
+from core.session_kv import SessionKV, common_prefix, dense_prefix
 from core.steps import TurnSteps, Wait
 from core.worker import ModelWorker
 from sessions.admission import FairAdmission
+from sessions.conversations import ConversationIndex
 from sessions.ids import check_id, session_key
 from sessions.metadata import MetadataStore
 from sessions.parked_kv import ParkedKV
@@ -59,6 +60,7 @@ from sessions.store_writer import StoreWriter
 
 log = structlog.get_logger("specgate.sessions")
 Render = Callable[[Engine], Prompt]  # runs on the model thread
+IMPLICIT_PREFIX = "conv-"  # the ids of sessions the server makes (20 hex digits follow)
 
 
 class SessionState(enum.StrEnum):
@@ -96,7 +98,8 @@ class Session:
     messages: list[dict[str, Any]] = field(default_factory=list)
     cancel: threading.Event | None = None  # the running turn's
     request_id: str | None = None  # the running turn's request (X-Request-Id): a replay of it replaces it
-    implicit: bool = False  # made by the server (a stored response's conversation), not named by a client
+    implicit: bool = False  # made by the server (a conversation found by its tokens, a stored response's), not named
+    last_prompt_n: int = 0  # tokens of the last turn's prompt: a request that covers them continues the conversation
     responses: list[dict[str, Any]] = field(default_factory=list)  # stored Responses API answers, newest last
 
     @property
@@ -166,7 +169,8 @@ class PrefixStart:
 class SessionManager:
     def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV, scheduler: FairAdmission,
                  writer: StoreWriter, limits: Limits = DEFAULT_LIMITS, ttl_s: float = 86400,
-                 registry: Registry | None = None, prefix_min_tokens: int = 256) -> None:
+                 registry: Registry | None = None, prefix_min_tokens: int = 256,
+                 implicit_min_share: float = 0.5) -> None:
         self.worker = worker
         self.store = store
         self.parked = parked
@@ -178,6 +182,9 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self.slots = SlotTable(worker.config.slots)  # model thread only
         self.prefixes = PrefixCache(parked, prefix_min_tokens)  # model thread only
+        self.conversations = ConversationIndex()  # implicit sessions' held tokens (event loop)
+        self.implicit_min_share = implicit_min_share
+        self.implicit_hits = self.implicit_misses = self.implicit_reused = 0
 
     @property
     def live(self) -> int:
@@ -199,6 +206,7 @@ class SessionManager:
             if session is not None and session.state is SessionState.IDLE:
                 del self._sessions[key]
                 self._drop_kv(session)
+                self.conversations.remove(key)
                 log.info("session_moved_away", session_key=key)
 
     async def _own(self, key: str, session_id: str, creating: bool = False) -> None:
@@ -256,6 +264,7 @@ class SessionManager:
             del self._sessions[victim.key]
             victim.state = SessionState.DELETED
             self._drop_kv(victim)
+            self.conversations.remove(victim.key)
             self.writer.delete(victim.key)
             log.info("implicit_session_evicted", session_key=victim.key)
 
@@ -293,6 +302,7 @@ class SessionManager:
         local = self._sessions.pop(key, None)
         if local is None and await self.writer.load(key) is None:
             raise SessionNotFound(f"unknown session {session_id!r}")
+        self.conversations.remove(key)
         if local is not None:
             local.state = SessionState.DELETED
             if local.cancel is not None:
@@ -313,6 +323,7 @@ class SessionManager:
         stale = [k for k, s in self._sessions.items() if s.state is SessionState.IDLE and s.last_active < cutoff]
         for key in stale:
             self._drop_kv(self._sessions.pop(key))
+            self.conversations.remove(key)
         if stale:
             log.info("sessions_expired", n=len(stale))
         return len(stale)
@@ -324,6 +335,43 @@ class SessionManager:
         if where != "none":
             return where
         return session.kv_location.value
+
+    # -- conversations found by their tokens ---------------------------------------
+    def continuing(self, owner: str, tokens: Sequence[int]) -> Session | None:
+        """The idle implicit session of ``owner`` that ``tokens`` continue: they repeat its
+        whole last prompt (a branch of it forks instead) and its held tokens cover at least
+        ``implicit_min_share`` of them.  A busy holder is passed over, never waited for."""
+        for key, _ in self.conversations.lookup(owner, tokens):
+            s = self._sessions.get(key)
+            if s is None or s.state is not SessionState.IDLE or s.owner != owner:
+                continue
+            if common_prefix(s.kv.target.tokens, tokens) >= max(s.last_prompt_n,
+                                                                self.implicit_min_share * len(tokens)):
+                self.implicit_hits += 1
+                return s
+        self.implicit_misses += 1
+        return None
+
+    async def start_implicit(self, owner: str, required: bool = False) -> Session | None:
+        """A new implicit session for a conversation nobody holds.  When the owner has no
+        room left: None (the turn runs stateless: a request never fails for it), or
+        :class:`SessionLimit` if the caller ``required`` one (a response to store)."""
+        try:
+            return await self.create(owner, f"{IMPLICIT_PREFIX}{uuid.uuid4().hex[:20]}", implicit=True)
+        except SessionLimit:
+            if required:
+                raise
+            return None
+
+    @property
+    def implicit_live(self) -> int:
+        return sum(s.implicit for s in self._sessions.values())
+
+    def _index(self, session: Session) -> None:
+        if session.implicit and session.state is not SessionState.DELETED and session.kv.target.tokens:
+            self.conversations.put(session.key, session.owner, session.kv.target.tokens)
+        else:
+            self.conversations.remove(session.key)
 
     # -- turns -----------------------------------------------------------------
     def claim(self, session: Session, cancel: threading.Event, request_id: str | None = None) -> None:
@@ -360,8 +408,11 @@ class SessionManager:
         if session is None:
             return await self.scheduler.submit(key, lambda: self.worker.turn(
                 lambda engine: self._stateless(engine, owner, render, params, on_text, cancel), cancel.is_set))
-        outcome: TurnOutcome = await self.scheduler.submit(session.key, lambda: self.worker.turn(
-            lambda engine: self._session_turn(engine, session, render, params, on_text, cancel), cancel.is_set))
+        try:
+            outcome: TurnOutcome = await self.scheduler.submit(session.key, lambda: self.worker.turn(
+                lambda engine: self._session_turn(engine, session, render, params, on_text, cancel), cancel.is_set))
+        finally:
+            self._index(session)
         self._record(session, outcome)
         return outcome
 
@@ -374,10 +425,16 @@ class SessionManager:
         session.context_tokens = len(session.kv.target.tokens)
         session.last_status, session.last_ttft_ms = t.specprefill, round(t.ttft_ms, 1)
         session.last_kept_ratio = round(t.kept_pct / 100.0, 4)
+        session.last_prompt_n = t.context_n
         session.kv_location = KVLocation.RESIDENT
+        if session.implicit:
+            self.implicit_reused += t.cache_n
         for key in outcome.evicted:
             if (victim := self._sessions.get(key)) is not None:
-                victim.kv_location = KVLocation.DISK if self.parked.where(key) == "disk" else KVLocation.EVICTED
+                spilled = self.parked.where(key) == "disk"
+                victim.kv_location = KVLocation.DISK if spilled else KVLocation.EVICTED
+                if not spilled:
+                    self.conversations.remove(key)  # its next turn rebuilds: nothing to reuse
 
     def _drop_kv(self, session: Session) -> None:
         """Queue the removal of a session's KV -- resident, parked or spilled -- for the model
@@ -460,13 +517,16 @@ class SessionManager:
 
     def _start_from_prefix(self, engine: Engine, owner: str, kv: SessionKV, prompt: Prompt,
                            slot: int) -> TurnSteps[PrefixStart]:
-        """Start ``kv`` (empty, in ``slot``) from a shared prefix (sessions.prefix_cache):
-        restore the owner's cached system prompt, wait while another turn builds it, or build
-        it if it is frequent; else adopt from an idle resident session of the same owner."""
+        """Start ``kv`` (empty, in ``slot``) from a shared prefix: copy the longest one an
+        idle resident session of the same owner holds densely when it is longer than the
+        system prompt (a conversation's branch, another agent's history); else restore the
+        owner's cached system prompt (sessions.prefix_cache), wait while another turn builds
+        it, or build it if it is frequent."""
         t0, n = time.perf_counter(), self.prefixes.end(prompt)
         key = self.prefixes.key(owner, prompt.tokens[:n]) if n else ""
-        if not n or not self.prefixes.wanted(key):
-            return PrefixStart(shared=self._share_prefix(engine, owner, kv, prompt.tokens, slot))
+        donor = self._donor(owner, prompt.tokens)
+        if donor is not None and donor[2] > n or not n or not self.prefixes.wanted(key):
+            return PrefixStart(shared=self._adopt(engine, kv, prompt.tokens, slot, donor))
         if self.prefixes.building(key):
             self.prefixes.waits += 1
             yield Wait(lambda: not self.prefixes.building(key))
@@ -484,19 +544,24 @@ class SessionManager:
         log.info("prefix_cached", tokens=n)
         return PrefixStart(built=n, seconds=time.perf_counter() - t0, evicted=evicted)
 
-    def _share_prefix(self, engine: Engine, owner: str, kv: SessionKV, tokens: tuple[int, ...], slot: int) -> int:
-        """Start ``kv`` from the idle resident session of the same owner that shares the
-        longest prefix with its prompt (the framework's system prompt and tools)."""
-        best, best_n = None, 0
+    def _donor(self, owner: str, tokens: tuple[int, ...]) -> tuple[int, Session, int] | None:
+        """(slot, session, tokens) of the idle resident session of ``owner`` that holds the
+        longest prefix of ``tokens`` densely (what can be copied as is)."""
+        best: tuple[int, Session, int] | None = None
         for donor_slot, holder in self.slots.idle():
             if isinstance(holder, Session) and holder.owner == owner:
                 n = dense_prefix(holder.kv.target, tokens)
-                if n > best_n:
-                    best, best_n = (donor_slot, holder), n
-        if best is None:
+                if n > (best[2] if best else 0):
+                    best = (donor_slot, holder, n)
+        return best
+
+    def _adopt(self, engine: Engine, kv: SessionKV, tokens: tuple[int, ...], slot: int,
+               donor: tuple[int, Session, int] | None) -> int:
+        if donor is None:
             return 0
-        shared = engine.adopt_prefix(tokens, kv, slot, best[1].kv, best[0])
+        donor_slot, holder, _ = donor
+        shared = engine.adopt_prefix(tokens, kv, slot, holder.kv, donor_slot)
         if shared:
             self.prefixes.adopted += 1
-            log.info("session_prefix_shared", session_id=best[1].id, tokens=shared, donor_slot=best[0])
+            log.info("session_prefix_shared", session_id=holder.id, tokens=shared, donor_slot=donor_slot)
         return shared

@@ -194,13 +194,19 @@ def test_specattn_in_a_session_reports_its_timings_and_matches_plain(smol_gatewa
     sparse = chat(smol_gateway, follow, session=sid, max_tokens=12, specattn={"p": 0.6})
     ts = sparse["timings"]
     assert ts["cache_n"] > 0 and ts["kv_cells_attended"] < ts["kv_cells_total"]
+    # each in a new session of its own, the first deleted before the second runs: both prefill
+    # the whole prompt (a request naming no session would continue the first one's
+    # conversation, found by its tokens, and a new one would copy its resident KV)
+    first = new_session(smol_gateway)
     streamed = httpx.post(smol_gateway.base + "/v1/chat/completions", timeout=120, json={
-        "messages": follow, "max_tokens": 12, "stream": True, "speculative": True, "specprefill": KEEP_ALL})
+        "messages": follow, "max_tokens": 12, "stream": True, "speculative": True, "specprefill": KEEP_ALL},
+        headers={"X-Session-Id": first})
+    assert httpx.delete(f"{smol_gateway.base}/v1/sessions/{first}").status_code in (200, 204)
     pieces = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: {")]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in map(orjson.loads, pieces) if c["choices"])
     # not compared with plain decoding: this prompt has a 0.006-logit near-tie that batched
     # verification and single-token decoding round differently (see README, SpecAttn)
-    whole = chat(smol_gateway, follow, max_tokens=12, speculative=True)
+    whole = chat(smol_gateway, follow, session=new_session(smol_gateway), max_tokens=12, speculative=True)
     assert text == whole["choices"][0]["message"]["content"] and whole["timings"]["decode_mode"] == "speculative"
     metrics = httpx.get(smol_gateway.base + "/metrics").text
     assert 'specgate_decode_turns_total{mode="specattn"} 2.0\n' in metrics
