@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,7 +41,9 @@ async def serve(config: ServeConfig) -> None:
         await stop.wait()
         await drain(app)
     finally:
+        t0 = time.monotonic()
         await runner.cleanup()
+        structlog.get_logger("specgate.serve").info("stopped", cleanup_s=round(time.monotonic() - t0, 2))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -208,9 +208,15 @@ async def drain(app: web.Application) -> None:
     log.info("drain_done", cancelled=cancelled, store_flushed=flushed, leases_released=released)
 
 
+SHUTDOWN_S = 5.0
+
+
 def app_runner(app: web.Application) -> web.AppRunner:
-    """The runner every server uses: a client that leaves cancels its handler (and so its turn)."""
-    return web.AppRunner(app, handler_cancellation=True, access_log=None)
+    """The runner every server uses: a client that leaves cancels its handler (and so its turn).
+    Its cleanup runs after :func:`drain`, so the handlers still open then (a proxied relay, a
+    slow client) get a few seconds, not aiohttp's 60: a replica that was asked to stop exits
+    in a bounded time, which a rolling restart waits on."""
+    return web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_S)
 
 
 def create_app(config: ServeConfig) -> web.Application:
