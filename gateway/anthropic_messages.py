@@ -28,7 +28,7 @@ from gateway import messages as wire
 from gateway.bodies import json_response, read_json
 from gateway.errors import anthropic_body
 from gateway.protocol import ChatRequest, TurnResult
-from gateway.turn_http import begin, complete
+from gateway.turn_http import begin, complete, session_headers
 
 log = structlog.get_logger("specgate.http")
 routes = web.RouteTableDef()
@@ -41,7 +41,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     req = parse(await read_json(request), request)
     turn = await begin(request, req)
     model = req.model or request.app[keys.CONFIG].gateway.model_name
-    headers = {"X-Session-Id": req.session_id} if req.session_id else None
+    headers = session_headers(turn)
     if req.stream:
         return await sse.stream(request, turn, MessageEncoder(new_id(), model), headers)
     return json_response(message(new_id(), model, await complete(request, turn)), headers=headers)

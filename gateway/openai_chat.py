@@ -14,7 +14,7 @@ from gateway.bodies import json_response, read_json
 from gateway.errors import error_body
 from gateway.openai_chat_objects import chunk, completion, final_chunks, new_id
 from gateway.protocol import TurnResult
-from gateway.turn_http import begin, complete
+from gateway.turn_http import begin, complete, session_headers
 
 routes = web.RouteTableDef()
 
@@ -27,7 +27,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                               config.gateway.limits, config.engine.n_ctx)
     turn = await begin(request, req)
     model = config.gateway.model_name
-    headers = {"X-Session-Id": req.session_id} if req.session_id else None
+    headers = session_headers(turn)
     if req.stream:
         return await sse.stream(request, turn, ChunkEncoder(new_id(), model, req.session_id, req.include_usage),
                                 headers)

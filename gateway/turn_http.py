@@ -53,3 +53,13 @@ async def complete(request: web.Request, turn: Turn) -> TurnResult:
         raise
     finally:
         turn.abandon()
+
+
+def session_headers(turn: Turn) -> dict[str, str] | None:
+    """``X-Session-Id``: the session that served the turn, named or found by its tokens
+    (``X-Session-Implicit: 1``); a client may name it from then on."""
+    if turn.session is None:
+        return None
+    if turn.session.implicit:
+        return {"X-Session-Id": turn.session.id, "X-Session-Implicit": "1"}
+    return {"X-Session-Id": turn.session.id}

@@ -109,7 +109,8 @@ def test_responses_chain_prefills_only_the_new_items(gw):
     client = openai_client(gw)
     r1 = client.responses.create(model="m", instructions="Be terse.", input="Weather in Oslo?", tools=R_TOOLS,
                                  max_output_tokens=6)
-    assert r1.status == "incomplete" and r1.usage.input_tokens_details.cached_tokens == 0
+    # (r1 may reuse an earlier test's conversation: the same key sent the same prompt)
+    assert r1.status == "incomplete" and r1.usage.input_tokens_details.cached_tokens < r1.usage.input_tokens
     r2 = client.responses.create(model="m", instructions="Be terse.", previous_response_id=r1.id, tools=R_TOOLS,
                                  max_output_tokens=6, input=[
                                      {"type": "function_call", "call_id": "call_1", "name": "get_weather",
