@@ -89,6 +89,23 @@ def test_affinity_sticks_each_session_to_one_replica(cluster, sessions):
         assert r.json()["timings"]["cache_n"] > 0 and not r.json()["timings"]["kv_rebuilt"]
 
 
+def test_a_conversation_naming_no_session_keeps_its_replica_and_its_kv(cluster):
+    """As agent frameworks send it: the whole history each time, no session header.  The
+    balancer keeps the caller on one replica, which finds the conversation by its tokens."""
+    history: list[dict] = [{"role": "system", "content": "You log pumps."}]
+    served, prompts = [], []
+    for text in ("Pump A ran 5 minutes.", "Pump B ran 7 minutes.", "Which ran longer?"):
+        history.append({"role": "user", "content": text})
+        r = httpx.post(cluster.base + "/v1/chat/completions", timeout=120, json={"messages": history, "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        history.append(r.json()["choices"][0]["message"])
+        served.append((replica(r), r.headers["X-Session-Id"]))
+        usage = r.json()["usage"]
+        prompts.append((usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]))
+    assert len(set(served)) == 1 and served[0][1].startswith("conv-")
+    assert prompts[1][1] >= prompts[0][0] and prompts[2][1] >= prompts[1][0]  # each turn reused the last prompt
+
+
 def test_a_turn_on_the_wrong_replica_is_proxied_to_the_owner(cluster, sessions):
     sid, (history, rep) = next(iter(sessions.items()))
     other = 2 if rep == "r1" else 1
