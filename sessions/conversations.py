@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-BLOCK = 32  # tokens per block: a prompt matches to within one block before the exact check
+BLOCK = 16  # tokens per block: a held conversation shorter than one is not found
 
 
 def chain(owner: str, tokens: Sequence[int], block: int = BLOCK) -> list[bytes]:

@@ -92,7 +92,7 @@ def test_affinity_sticks_each_session_to_one_replica(cluster, sessions):
 def test_a_conversation_naming_no_session_keeps_its_replica_and_its_kv(cluster):
     """As agent frameworks send it: the whole history each time, no session header.  The
     balancer keeps the caller on one replica, which finds the conversation by its tokens."""
-    history: list[dict] = [{"role": "system", "content": "You log pumps."}]
+    history: list[dict] = [{"role": "system", "content": "You log pumps: each pump's minutes, and which ran longest."}]
     served, prompts = [], []
     for text in ("Pump A ran 5 minutes.", "Pump B ran 7 minutes.", "Which ran longer?"):
         history.append({"role": "user", "content": text})
