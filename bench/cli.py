@@ -18,7 +18,7 @@ from core.config import EngineConfig, PrefillPolicy, build
 from core.errors import ConfigError
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
-             "long_prefill", "scorers", "constrained")
+             "long_prefill", "scorers", "constrained", "stateless")
 EXTRA_HINT = "the benchmarks need the bench extra: .venv/bin/pip install -e '.[bench]'"
 
 
@@ -28,8 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes: a few minutes in all")
     parser.add_argument("--lengths", help="first_turn, planner and scorers prompt lengths, comma-separated tokens")
     parser.add_argument("--out", default="results/bench", help="results folder")
-    parser.add_argument("--arms", help="multi_turn, concurrency or long_prefill arms to (re)run, comma-separated "
-                        "(default: all)")
+    parser.add_argument("--arms", help="multi_turn, concurrency, long_prefill or stateless arms to (re)run, "
+                        "comma-separated (default: all)")
+    parser.add_argument("--agents", type=int, default=1, help="stateless: agents at once (default 1)")
     parser.add_argument("--sessions", help="concurrency levels, comma-separated (default: 1,2,4,8,12; quick 1,2,4)")
     parser.add_argument("--stagger", action="store_true",
                         help="concurrency: one session runs alone first, then the others start together")
@@ -172,10 +173,19 @@ def constrained(r: Run) -> Any:
     return s
 
 
+def stateless(r: Run) -> Any:
+    from bench import plots, stateless
+
+    name = f"stateless_{r.args.agents}agents"
+    s = stateless.run(r.engine, r.quick, r.path(name), r.arms(stateless.ARMS), r.args.agents)
+    plots.stateless(s, r.path(name, "png"))
+    return s
+
+
 REGISTRY: dict[str, Callable[[Run], Any]] = {
     "first_turn": first_turn, "multi_turn": multi_turn, "overhead": overhead, "topp": topp, "planner": planner,
     "soak": soak, "fuzz": fuzz, "failover": failover, "concurrency": concurrency, "long_prefill": long_prefill,
-    "scorers": scorers, "constrained": constrained,
+    "scorers": scorers, "constrained": constrained, "stateless": stateless,
 }
 
 

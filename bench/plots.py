@@ -233,6 +233,25 @@ def long_prefill(rows: list[dict[str, Any]], out: Path) -> None:
     _save(fig, out)
 
 
+def stateless(summary: dict[str, Any], out: Path) -> None:
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4.2))
+    width = 0.8 / max(len(summary), 1)
+    for k, (arm, turns) in enumerate(summary.items()):
+        x = np.arange(len(turns)) + k * width
+        ax.bar(x, [t["ttft_s"] for t in turns], width, label=arm)
+        bx.bar(x, [t["reused_tokens"] for t in turns], width, label=arm)
+        for i, t in enumerate(turns):
+            ax.annotate(f"{t['ttft_s']:.1f}", (x[i], t["ttft_s"]), ha="center", fontsize=7,
+                        textcoords="offset points", xytext=(0, 2))
+    for a, label in ((ax, "TTFT (s)"), (bx, "prompt tokens reused")):
+        a.set_xticks(np.arange(len(next(iter(summary.values())))) + width * (len(summary) - 1) / 2)
+        a.set_xticklabels([f"turn {t['turn']}" for t in next(iter(summary.values()))])
+        a.set_ylabel(label)
+        a.legend(fontsize=7)
+    fig.suptitle("An agent session named vs resent whole (stateless), and llama-server", fontsize=9)
+    _save(fig, out)
+
+
 def _finish(fig: Any, ax: Any, out: Path, xlabel: str, ylabel: str, title: str,
             legend_size: int | None = None) -> None:
     ax.set_xlabel(xlabel)

@@ -1,0 +1,108 @@
+"""``specgate bench stateless``: an agent session sent the way agent frameworks send it.
+
+The official ``openai`` client streams every request with ``tools``; each long turn
+is a question, the assistant's ``read_log`` call and the long log it returned (a
+``role: tool`` message), and the last turn is a short instruction (the script of
+bench/agent_session.py).  The same messages go to, each a fresh server:
+
+- ``specgate_named``: SpecGate, the session named by ``X-Session-Id``;
+- ``specgate_stateless``: SpecGate, no session named: the client resends the whole
+  history each turn, and the gateway finds the conversation by its tokens;
+- ``llama_server``: llama.cpp's own server (its prompt cache on, one slot per agent).
+
+``agents`` sessions run at once, sharing the system prompt and tools (their logs
+differ).  Per turn: prompt tokens, tokens the server reused (its ``timings.cache_n``),
+and the client's TTFT (first streamed content or tool-call delta).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.agent_session import request, script
+from bench.common import free_port, progress, write_result
+from bench.serving import native_server_cmd, server, specgate_cmd
+from core.config import EngineConfig
+
+ARMS = ("specgate_named", "specgate_stateless", "llama_server")
+LONG_TOKENS = (3000, 3000)
+QUICK_LONG_TOKENS = (600, 600)
+SYSTEM = "You are an operations agent. Use the tools; answer briefly."
+
+
+async def agent(base: str, turns: list[dict[str, Any]], label: str, named: bool) -> list[dict[str, Any]]:
+    import openai
+
+    headers = {"X-Session-Id": f"bench-{label}"} if named else {}
+    rows: list[dict[str, Any]] = []
+    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="bench", max_retries=0, timeout=3600,
+                                  default_headers=headers) as client:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+        for i, turn in enumerate(turns):
+            messages += turn["append"]
+            r = await request(client, messages)
+            t = r["timings"] or {}
+            cached = int(t.get("cache_n", 0))
+            prompt = int(t.get("context_n") or (t.get("prompt_n", 0) + cached))
+            rows.append({"turn": i + 1, "prompt_tokens": prompt, "reused_tokens": cached,
+                         "ttft_s": round(r["ttft_s"], 3), "server_ttft_ms": t.get("ttft_ms"),
+                         "specprefill": t.get("specprefill"), "tool_calls": len(r["tool_calls"])})
+            progress(f"{label} turn {i + 1}: prompt {prompt} reused {cached} ttft {r['ttft_s']:.2f}s")
+            reply: dict[str, Any] = {"role": "assistant", "content": r["answer"] or None}
+            if r["tool_calls"]:
+                reply["tool_calls"] = [{"id": f"call_r{i}_{k}", "type": "function", "function": c}
+                                       for k, c in enumerate(r["tool_calls"])]
+            messages.append(reply if reply["content"] or r["tool_calls"] else {"role": "assistant", "content": ""})
+    return rows
+
+
+def command(arm: str, port: int, engine: EngineConfig, agents: int) -> list[str]:
+    if arm == "llama_server":
+        return native_server_cmd(port, EngineConfig(target=engine.target, speculator=engine.speculator,
+                                                    n_ctx=engine.n_ctx, n_threads=engine.n_threads), agents)
+    return specgate_cmd(port, engine, slots=max(agents, 1))
+
+
+def run_arm(arm: str, engine: EngineConfig, agents: int, sizes: tuple[int, ...], logs: Path) -> dict[str, Any]:
+    port = free_port()
+    with server(command(arm, port, engine, agents), port, logs / f"stateless_{arm}_{agents}.log") as base:
+        async def all_agents() -> list[list[dict[str, Any]]]:
+            # same system prompt and tools, different logs (seeds): what 4 agents of one framework send
+            return await asyncio.gather(*(agent(base, script(sizes, seed=11 + a), f"{arm}-{a}", arm.endswith("named"))
+                                          for a in range(agents)))
+        return {"agents": asyncio.run(all_agents())}
+
+
+def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for arm, res in results.items():
+        per_turn = list(zip(*res["agents"], strict=True))  # turn -> each agent's row
+        out[arm] = [{"turn": rows[0]["turn"],
+                     "prompt_tokens": round(statistics.mean(r["prompt_tokens"] for r in rows)),
+                     "reused_tokens": round(statistics.mean(r["reused_tokens"] for r in rows)),
+                     "ttft_s": round(statistics.mean(r["ttft_s"] for r in rows), 2)} for rows in per_turn]
+    named = out.get("specgate_named")
+    for arm, turns in out.items():
+        if named and arm != "specgate_named":
+            for t, n in zip(turns, named, strict=True):
+                t["ttft_vs_named"] = round(t["ttft_s"] / n["ttft_s"], 2) if n["ttft_s"] else None
+    return out
+
+
+def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = ARMS, agents: int = 1) -> dict[str, Any]:
+    sizes = QUICK_LONG_TOKENS if quick else LONG_TOKENS
+    engine = EngineConfig(target=engine.target, speculator=engine.speculator, n_ctx=8192 if quick else 12288,
+                          n_threads=engine.n_threads)
+    logs = out.parent / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, Any]] = {}
+    for arm in arms:
+        progress(f"stateless: {arm}, {agents} agent(s)")
+        results[arm] = run_arm(arm, engine, agents, sizes, logs)
+        write_result(out, "stateless", {"long_tokens": sizes, "agents": agents, "n_ctx": engine.n_ctx,
+                                        "arms": results, "summary": summarize(results)},
+                     {"target": engine.target, "speculator": engine.speculator})
+    return summarize(results)
