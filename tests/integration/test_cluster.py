@@ -28,7 +28,10 @@ def cluster(tiny_target, tiny_speculator, tmp_path_factory):
     c = Cluster(tmp_path_factory.mktemp("cluster"), 2, {
         "SPECGATE_TARGET": str(tiny_target), "SPECGATE_SPECULATOR": str(tiny_speculator),
         "SPECGATE_N_CTX": "4096", "SPECGATE_N_THREADS": "1", "SPECGATE_CALIBRATE_TOKENS": "32",
-        "SPECGATE_MIN_TOKENS": "0", "SPECGATE_LEASE_MS": "4000"})
+        "SPECGATE_MIN_TOKENS": "0", "SPECGATE_LEASE_MS": "4000",
+        # the rolling restart's 300-token stream must finish within the drain however slow the
+        # machine is (past the timeout a drain cancels it, well-formed, which is not this test)
+        "SPECGATE_DRAIN_TIMEOUT_S": "600"})
     yield c
     c.down()
 
