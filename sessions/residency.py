@@ -1,0 +1,204 @@
+"""Where sessions' KV lives, and the model-thread half of a turn.
+
+Both models' contexts hold up to ``slots`` sessions' KV at once
+(:class:`SlotTable`), and their turns run together in the step loop.  A turn for
+a session that is not resident takes a free slot or the least recently used idle
+one, whose KV is saved into :class:`ParkedKV` (RAM under a budget, LRU, optional
+disk spill); a session whose KV was dropped rebuilds it from its tokens on its
+next turn.  A session without KV starts from a shared prefix: the longest dense
+one an idle resident session of its owner holds, or the owner's cached system
+prompt (:class:`PrefixCache`).  Everything here runs on the model thread only:
+inside the turns, and in the jobs that deletes, expiry and moves queue there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from core.config import TurnParams
+from core.decode import OnText
+from core.engine import Engine, Result
+from core.errors import TurnCancelled
+from core.prompt import Prompt
+from core.results import Timings
+from core.session_kv import SessionKV, dense_prefix
+from core.steps import TurnSteps, Wait
+from sessions.parked_kv import ParkedKV
+from sessions.prefix_cache import PrefixCache
+from sessions.session import KVLocation, Session, SessionState
+from sessions.slots import Seat, SlotTable
+
+log = structlog.get_logger("specgate.sessions")
+Render = Callable[[Engine], Prompt]  # runs on the model thread
+
+
+@dataclass(slots=True)
+class TurnOutcome:
+    result: Result
+    evicted: list[str]  # keys of sessions whose parked KV was evicted to make room for this turn
+
+
+@dataclass(slots=True)
+class PrefixStart:
+    """How a session without KV started: tokens restored or adopted, or built for the cache."""
+
+    shared: int = 0
+    built: int = 0
+    seconds: float = 0.0  # restoring, waiting for or building the prefix (part of the TTFT)
+    evicted: list[str] = field(default_factory=list)
+
+    def account(self, t: Timings) -> None:
+        """The engine counts a built prefix as cached (it found it in the slot): it was prefilled."""
+        t.prefix_shared_n, t.prefix_built_n = self.shared, self.built
+        t.cache_n -= self.built
+        t.speculator_cache_n -= self.built
+        t.prompt_n += self.built
+        t.speculator_prefill_n += self.built
+        t.ttft_ms += self.seconds * 1e3
+
+
+class Residency:
+    def __init__(self, slots: int, parked: ParkedKV, prefix_min_tokens: int,
+                 holds: Callable[[Session], bool]) -> None:
+        """``holds(session)``: whether the session table still holds that very session (one
+        deleted, expired or moved away meanwhile has nothing worth parking)."""
+        self.slots = SlotTable(slots)
+        self.parked = parked
+        self.prefixes = PrefixCache(parked, prefix_min_tokens)
+        self._holds = holds
+
+    def location(self, session: Session) -> str:
+        """Where the session's KV is (read from the event loop: a snapshot)."""
+        if self.slots.find(session) is not None:
+            return KVLocation.RESIDENT.value
+        where = self.parked.where(session.key)
+        if where != "none":
+            return where
+        return session.kv_location.value
+
+    def forget_kv(self, engine: Engine, session: Session) -> None:
+        """A running turn keeps its slot until it ends; it then gives the slot up (see
+        :meth:`session_turn`)."""
+        if (slot := self.slots.evict(session)) is not None:
+            engine.load_kv(None, slot)
+        self.parked.discard(session.key)
+
+    def _park(self, engine: Engine, seat: Seat) -> list[str]:
+        """Save the KV of the idle session ``seat`` displaced (model thread only); returns
+        the keys whose parked KV was evicted to make room."""
+        victim = seat.displaced
+        if not isinstance(victim, Session) or victim.state is SessionState.DELETED or not self._holds(victim):
+            return []  # deleted, expired or moved away: nothing to keep
+        evicted = self.parked.put(victim.key, engine.save_kv(seat.slot))  # deleted meanwhile: its drop follows
+        for key in evicted:
+            log.info("session_kv_evicted", session_key=key, spilled=self.parked.where(key) == "disk")
+        return evicted
+
+    def stateless(self, engine: Engine, owner: str, render: Render, params: TurnParams,
+                   on_text: OnText | None, cancel: threading.Event) -> TurnSteps[TurnOutcome]:
+        if cancel.is_set():
+            raise TurnCancelled("the client left before the turn started")
+        prompt = render(engine)
+        engine.check_prompt(prompt)  # before another session's KV is disturbed
+        seat = self.slots.seat(object())
+        evicted = self._park(engine, seat)
+        kv, start = SessionKV(), PrefixStart()
+        try:
+            engine.load_kv(None, seat.slot)
+            start = yield from self._start_from_prefix(engine, owner, kv, prompt, seat.slot)
+            evicted += start.evicted
+            result = yield from engine.turn(prompt, params, on_text, kv=kv, slot=seat.slot)
+        finally:
+            self.slots.release(seat.slot, keep=False)
+        start.account(result.timings)
+        return TurnOutcome(result, evicted)
+
+    def session_turn(self, engine: Engine, session: Session, render: Render, params: TurnParams,
+                      on_text: OnText | None, cancel: threading.Event) -> TurnSteps[TurnOutcome]:
+        if cancel.is_set():
+            raise TurnCancelled("the turn was cancelled before it started")
+        prompt = render(engine)
+        engine.check_prompt(prompt)  # a bad prompt must not cost the session its cache
+        seat = self.slots.seat(session)
+        evicted = self._park(engine, seat)
+        rebuilt, start = False, PrefixStart()
+        try:
+            if seat.fresh:
+                blobs = self.parked.take(session.key)
+                if blobs is None and session.turns:
+                    # dropped under the budget, failed its checks, or hydrated from the store: rebuild
+                    session.kv.reset()
+                    session.rebuilds += 1
+                    rebuilt = True
+                    log.info("session_kv_rebuild", session_id=session.id)
+                engine.load_kv(blobs, seat.slot)
+                if blobs is None:
+                    start = yield from self._start_from_prefix(engine, session.owner, session.kv, prompt, seat.slot)
+                    evicted += start.evicted
+            result = yield from engine.turn(prompt, params, on_text, kv=session.kv, slot=seat.slot)
+        except BaseException:
+            # never leave bookkeeping that disagrees with the caches: the next turn rebuilds
+            session.kv.reset()
+            engine.load_kv(None, seat.slot)
+            raise
+        finally:
+            self.slots.release(seat.slot, keep=session.state is not SessionState.DELETED)
+        result.timings.kv_rebuilt = rebuilt
+        start.account(result.timings)
+        return TurnOutcome(result, evicted)
+
+    def _start_from_prefix(self, engine: Engine, owner: str, kv: SessionKV, prompt: Prompt,
+                           slot: int) -> TurnSteps[PrefixStart]:
+        """Start ``kv`` (empty, in ``slot``) from a shared prefix: copy the longest one an
+        idle resident session of the same owner holds densely when it is longer than the
+        system prompt (a conversation's branch, another agent's history); else restore the
+        owner's cached system prompt (sessions.prefix_cache), wait while another turn builds
+        it, or build it if it is frequent."""
+        t0, n = time.perf_counter(), self.prefixes.end(prompt)
+        key = self.prefixes.key(owner, prompt.tokens[:n]) if n else ""
+        donor = self._donor(owner, prompt.tokens)
+        if donor is not None and donor[2] > n or not n or not self.prefixes.wanted(key):
+            return PrefixStart(shared=self._adopt(engine, kv, prompt.tokens, slot, donor))
+        if self.prefixes.building(key):
+            self.prefixes.waits += 1
+            yield Wait(lambda: not self.prefixes.building(key))
+        if (blobs := self.prefixes.get(key)) is not None:
+            engine.restore_prefix(blobs, prompt.tokens[:n], kv, slot)
+            self.prefixes.hits += 1
+            return PrefixStart(shared=n, seconds=time.perf_counter() - t0)
+        self.prefixes.misses += 1
+        self.prefixes.begin(key)
+        blobs = None
+        try:
+            blobs = yield from engine.prefill_prefix(prompt.tokens[:n], kv, slot)
+        finally:
+            evicted = self.prefixes.finish(key, blobs)
+        log.info("prefix_cached", tokens=n)
+        return PrefixStart(built=n, seconds=time.perf_counter() - t0, evicted=evicted)
+
+    def _donor(self, owner: str, tokens: tuple[int, ...]) -> tuple[int, Session, int] | None:
+        """(slot, session, tokens) of the idle resident session of ``owner`` that holds the
+        longest prefix of ``tokens`` densely (what can be copied as is)."""
+        best: tuple[int, Session, int] | None = None
+        for donor_slot, holder in self.slots.idle():
+            if isinstance(holder, Session) and holder.owner == owner:
+                n = dense_prefix(holder.kv.target, tokens)
+                if n > (best[2] if best else 0):
+                    best = (donor_slot, holder, n)
+        return best
+
+    def _adopt(self, engine: Engine, kv: SessionKV, tokens: tuple[int, ...], slot: int,
+               donor: tuple[int, Session, int] | None) -> int:
+        if donor is None:
+            return 0
+        donor_slot, holder, _ = donor
+        shared = engine.adopt_prefix(tokens, kv, slot, holder.kv, donor_slot)
+        if shared:
+            self.prefixes.adopted += 1
+            log.info("session_prefix_shared", session_id=holder.id, tokens=shared, donor_slot=donor_slot)
+        return shared
