@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core import model_files
 from core.config import EngineConfig, PrefillPolicy, build
 from core.errors import ConfigError
+from core.llama import model_files
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
              "long_prefill", "scorers", "constrained", "stateless")

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from core import model_files
+from core.llama import model_files
 
 
 def machine() -> dict[str, Any]:

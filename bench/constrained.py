@@ -86,9 +86,9 @@ def engines(target: str, repeats: int) -> dict[str, Any]:
     import llama_cpp
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    from core import constraints
-    from core.guided import Guide
-    from core.llama_bindings import Model
+    from core.decoding import constraints
+    from core.decoding.guided import Guide
+    from core.llama.model import Model
 
     model = Model(target)
     call = constraints.tool_call(TOOLS, "required", False, constraints.SYNTAXES["qwen"])

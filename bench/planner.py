@@ -17,7 +17,7 @@ from typing import Any
 from bench.common import progress, write_result
 from bench.textgen import WORDS_PER_TOKEN, agent_turn
 from core.config import EngineConfig, PrefillPolicy, SamplingParams, TurnParams, override
-from core.cost_model import Costs
+from core.specprefill.cost_model import Costs
 
 TIE = 0.10
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import progress, write_result
-from core.specattn import top_p_mask, top_p_mask_sorted
+from core.decoding.specattn import top_p_mask, top_p_mask_sorted
 
 
 def best_of(fn: Any, attn: np.ndarray, repeats: int = 5) -> float:

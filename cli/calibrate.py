@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 from cli.prefill import engine_config
-from core import corpus, layer_map
+from core import corpus
+from core.decoding import layer_map
 from core.errors import ConfigError
-from core.llama_bindings import Model
+from core.llama.model import Model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

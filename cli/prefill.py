@@ -13,7 +13,7 @@ from core.chat import ChatTemplate
 from core.config import DecodingPolicy, EngineConfig, PrefillPolicy, SamplingParams, TurnParams, build, override
 from core.engine import Engine
 from core.errors import InvalidRequest
-from core.model_files import with_default_models
+from core.llama.model_files import with_default_models
 from core.prompt import Prompt
 from core.results import Result
 

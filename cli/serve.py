@@ -48,7 +48,7 @@ async def serve(config: ServeConfig) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from core.config import ServeConfig, build, override
-    from core.model_files import with_default_models
+    from core.llama.model_files import with_default_models
     from gateway.logs import configure
 
     config = build(ServeConfig, vars(args))

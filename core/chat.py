@@ -26,7 +26,7 @@ from core.errors import InvalidRequest
 from core.prompt import Prompt, Span
 
 if TYPE_CHECKING:  # tokenizing needs llama.cpp; rendering and validation do not
-    from core.llama_bindings import Model
+    from core.llama.model import Model
 
 ROLES = ("system", "user", "assistant", "tool")
 CHATML = (

@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from core.constraints import Constraint
+from core.decoding.constraints import Constraint
 from core.errors import ConfigError
 
 SELECT_MODES = ("mass", "chunk")
 POSITION_MODES = ("original", "compact")
 GUARD_MODES = ("structural", "skip")
-SCORE_AGGREGATIONS = ("max", "filter-sum", "filter-max")  # see core/scoring.py
+SCORE_AGGREGATIONS = ("max", "filter-sum", "filter-max")  # see core/specprefill/scoring.py
 KV_LAYOUTS = ("split", "unified")  # see core/llama_bindings.Context
 DEFAULT_GUARD_KEYWORDS = (
     '"function"', '"tool"', "function", "tool_call", "<tools>", "get_", "set_",
@@ -55,7 +55,7 @@ _SCORER = re.compile(r"^(speculator-full)$|^(speculator-early|target-early):([1-
 
 @dataclass(slots=True, frozen=True)
 class Scorer:
-    """Which model scores prompts (``EngineConfig.scorer``; the files: core.scorer_model)."""
+    """Which model scores prompts (``EngineConfig.scorer``; the files: core.llama.scorer_cuts)."""
 
     kind: ScorerKind = ScorerKind.SPECULATOR_FULL
     blocks: int = 0  # the early scorers' R: the first R transformer blocks
@@ -76,7 +76,7 @@ class Scorer:
 
 @dataclass(slots=True, frozen=True)
 class Selection:
-    """Which chunks of the scored tokens the target prefills (core.selection)."""
+    """Which chunks of the scored tokens the target prefills (core.specprefill.selection)."""
 
     chunk_size: int = 32
     select_mode: str = "mass"
@@ -102,7 +102,7 @@ class PrefillPolicy:
     enabled: bool = True
     lookahead: int = 1  # chosen by specgate eval: see results/README.md "Answer quality"
     pool_kernel: int = 13
-    score_agg: str = "max"  # how attention rows become scores (core/scoring.py); filter-* read the last layer
+    score_agg: str = "max"  # rows to scores (core/specprefill/scoring.py); filter-* read the last layer
     boost_first_n: int = 64
     boost_first_mult: float = 1.5
     boost_last_n: int = 128
@@ -111,7 +111,7 @@ class PrefillPolicy:
     min_tokens: int = 1024
     break_even: bool = True
     safety: float = 1.2
-    guard_mode: str = "structural"  # see core/guard.py and README "The tool guard"
+    guard_mode: str = "structural"  # see core/specprefill/guard.py and README "The tool guard"
     guard_scan_tokens: int = 256  # a raw prompt's head that the keyword scan reads
     guard_header_tokens: int = 32  # leading tokens of each tool result kept dense
     guard_user_tokens: int = 256  # trailing tokens of the latest user message kept dense
@@ -177,8 +177,8 @@ class EngineConfig:
     kv_layout: str = "split"  # split: a KV stream per slot; unified: one shared pool (needed for SpecAttn)
     step_tokens: int = 256  # the most prefill tokens a step carries while other turns stream; 0 = decode first
     prefill_share: float = 0.5  # such a chunk costs at most this share of the rest of its step; 0 = always
-    # step_tokens (core/chunk_budget.py, README "Many sessions at once")
-    scorer: str = "speculator-full"  # the model that scores prompts (core/scorer_model.py): or speculator-early:R,
+    # step_tokens (core/runtime/chunk_budget.py, README "Many sessions at once")
+    scorer: str = "speculator-full"  # the model that scores prompts (core/llama/scorer_cuts.py): or speculator-early:R,
     # target-early:R -- the first R blocks of either model (README "A cheaper scorer")
 
     def __post_init__(self) -> None:
@@ -214,7 +214,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int = 0
     stop: tuple[str, ...] = ()
-    constraint: Constraint | None = None  # forced calls or a JSON reply (core.constraints)
+    constraint: Constraint | None = None  # forced calls or a JSON reply (core.decoding.constraints)
 
     def __post_init__(self) -> None:
         _require(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")

@@ -2,11 +2,11 @@
 
     prompt -> plan (guards, break-even) -> score -> select -> prefill -> decode
 
-A turn is a generator (:meth:`Engine.turn`, see core.steps) over one slot --
-one sequence id in each model's context -- so the step loop (core.step_loop)
+A turn is a generator (:meth:`Engine.turn`, see core.runtime.steps) over one slot --
+one sequence id in each model's context -- so the step loop (core.runtime.step_loop)
 can batch several turns' tokens; :meth:`Engine.run` runs one turn alone.  All
 methods run on the caller's thread; the gateway calls them only from the model
-worker thread (core.worker), never from the event loop.
+worker thread (core.runtime.worker), never from the event loop.
 """
 
 from __future__ import annotations
@@ -16,20 +16,21 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from core import guard as tool_guard
-from core import layer_map, planner
+from core import startup
 from core.chat import ChatTemplate
 from core.config import DecodeMode, DecodingPolicy, EngineConfig, PrefillPolicy, SamplingParams, TurnParams
-from core.cost_model import Costs, Work
-from core.decode import Generation, OnText, generate
-from core.errors import ConfigError, EmptyPrompt, InvalidRequest, PromptTooLong, VocabMismatch
-from core.llama_bindings import AttentionCapture, Context, Model, Seq
-from core.prefill import sparse_prefill
+from core.decoding import layer_map
+from core.decoding.decode import Generation, OnText, generate
+from core.decoding.specattn import SparseVerify, layer_weights
+from core.decoding.speculative import SpeculativeDecoder
+from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong
+from core.llama.capture import AttentionCapture
+from core.llama.context import Context, Seq
+from core.llama.model import Model
+from core.llama.scorer_cuts import scoring_model
 from core.prompt import Prompt
 from core.results import Result, Timings
-from core.scorer_model import scoring_model
-from core.scoring import importance
-from core.selection import forced_mask, runs, select_tokens
+from core.runtime.steps import Tokens, TurnSteps, drive
 from core.session_kv import (
     SeqState,
     SessionKV,
@@ -39,53 +40,19 @@ from core.session_kv import (
     dense_prefix,
     plan_speculator_sync,
 )
-from core.specattn import SparseVerify, layer_weights
-from core.speculative import SpeculativeDecoder
-from core.steps import Tokens, TurnSteps, drive
-
-VOCAB_PROBE = "SpecGate probe: fn get_weather(city) -> {\"temp\": 21.5} 東京 ✓"
-CALIBRATION_TEXT = (
-    "The quick brown fox jumps over the lazy dog while the committee reviews the "
-    "quarterly report on distributed systems, caching layers and network latency. "
-)
-
-
-def check_same_vocab(a: Model, b: Model) -> None:
-    if a.n_vocab != b.n_vocab:
-        raise VocabMismatch(f"vocabularies differ: {a.path.name} has {a.n_vocab} tokens, "
-                            f"{b.path.name} has {b.n_vocab}")
-    if a.tokenize(VOCAB_PROBE) != b.tokenize(VOCAB_PROBE):
-        raise VocabMismatch(f"{a.path.name} and {b.path.name} tokenize the same text differently")
-
-
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None where there is none)."""
-    try:
-        for line in open("/proc/meminfo", encoding="ascii"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def check_memory(config: EngineConfig, target: Model, speculator: Model) -> None:
-    """Refuse a slot configuration whose KV caches and weights do not fit in memory."""
-    kv = config.slots * (config.n_ctx * target.kv_bytes_per_token
-                         + config.speculator_ctx_len * speculator.kv_bytes_per_token)
-    need, have = kv + target.size_bytes + speculator.size_bytes, available_bytes()
-    if have is not None and need > have:
-        mib = 1 << 20
-        raise ConfigError(f"{config.slots} slots x {config.n_ctx} tokens need {kv // mib} MiB of KV cache "
-                          f"(+ {(target.size_bytes + speculator.size_bytes) // mib} MiB of weights), but only "
-                          f"{have // mib} MiB of memory is available: lower --slots or --n-ctx")
+from core.specprefill import guard as tool_guard
+from core.specprefill import planner
+from core.specprefill.cost_model import Costs, Work
+from core.specprefill.prefill import sparse_prefill
+from core.specprefill.scoring import importance
+from core.specprefill.selection import forced_mask, runs, select_tokens
 
 
 class Engine:
     """Owns both models and their contexts, each with ``config.slots`` sequences.
 
     ``speculator`` is the scoring model: the speculator itself, or an early-layer cut
-    of either model (``config.scorer``, core.scorer_model)."""
+    of either model (``config.scorer``, core.llama.scorer_cuts)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -96,8 +63,8 @@ class Engine:
             self.target.close()
             raise
         try:
-            check_same_vocab(self.speculator, self.target)
-            check_memory(config, self.target, self.speculator)
+            startup.check_same_vocab(self.speculator, self.target)
+            startup.check_memory(config, self.target, self.speculator)
             self.capture = AttentionCapture(self.speculator.n_layer)
             unified = config.kv_layout == "unified"
             self.target_ctx = Context(self.target, n_ctx=config.n_ctx, n_batch=config.n_batch,
@@ -178,27 +145,8 @@ class Engine:
 
     # -- measurement --------------------------------------------------------
     def calibrate(self, n_tokens: int) -> None:
-        """Seed the cost functions: both models' prefill of ``n_tokens`` and the speculator's
-        one-token step after it, each timed twice and the faster kept (other load only ever
-        slows a run down).  Every real prefill and step refines them (core.cost_model)."""
-        text = CALIBRATION_TEXT * (n_tokens // 20 + 2)
-        tokens = self.target.tokenize(text, add_special=False)[:n_tokens]
-        n = len(tokens)
-        for ctx, cost in ((self.speculator_ctx, self.costs.speculator), (self.target_ctx, self.costs.target)):
-            ctx.clear()
-            ctx.decode(tokens[:32], 0)  # the first decode pages the mmap'd weights in
-            prefill, step = float("inf"), float("inf")
-            for _ in range(2):
-                ctx.clear()
-                t0 = time.perf_counter()
-                ctx.decode(tokens, 0)
-                t1 = time.perf_counter()
-                ctx.decode([tokens[0]], n)
-                prefill, step = min(prefill, t1 - t0), min(step, time.perf_counter() - t1)
-            cost.observe(n, 0, self._calls(n), prefill)
-            if ctx is self.speculator_ctx:
-                self.costs.speculator_step.observe(1, n, 1, step)
-            ctx.clear()
+        """Seed the cost functions (see :func:`core.startup.calibrate`)."""
+        startup.calibrate(self, n_tokens)
 
     def prefill_seconds(self, ctx: Context, n: int, pos: int) -> float:
         """What ``n`` more tokens after ``pos`` cost in ``ctx`` in one call, by the measured costs."""

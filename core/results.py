@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from core.config import DecodeMode
-from core.planner import Status
+from core.specprefill.planner import Status
 
 
 @dataclass(slots=True)
@@ -68,7 +68,7 @@ class Timings:
     prefix_shared_n: int = 0  # target tokens this session started from a shared prefix (cache or resident session)
     prefix_built_n: int = 0  # system-prompt tokens this turn prefilled into the prefix cache
     decode_mode: str = DecodeMode.PLAIN.value
-    constraint: str = ""  # what the reply was held to (core.constraints kinds); "" when free
+    constraint: str = ""  # what the reply was held to (core.decoding.constraints kinds); "" when free
     grammar_ms: float = 0.0
     mask_ms: float = 0.0
     constraint_fallback: str = ""  # the decode mode asked for, when a constraint made it decode plainly

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.selection import runs
+from core.specprefill.selection import runs
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

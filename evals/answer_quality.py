@@ -20,14 +20,14 @@ import numpy as np
 
 from bench.common import progress, write_result
 from bench.derived_models import derived
-from core import model_files
 from core.config import EngineConfig, PrefillPolicy, SamplingParams, Selection, TurnParams
+from core.llama import model_files
 from core.prompt import Prompt
 from core.results import Timings
-from core.scoring import importance
-from core.selection import select_tokens
+from core.runtime.steps import drive
 from core.session_kv import SessionKV
-from core.steps import drive
+from core.specprefill.scoring import importance
+from core.specprefill.selection import select_tokens
 from evals import tasks as eval_tasks
 from evals.scorer_adoption import adoption
 

@@ -35,10 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from core import corpus, layer_map
-from core.llama_bindings import VIEW_SEQ, AttentionCapture, Context, Model, QKCapture
-from core.selection import runs
-from core.specattn import layer_weights, select_cells
+from core import corpus
+from core.decoding import layer_map
+from core.decoding.specattn import layer_weights, select_cells
+from core.llama.capture import AttentionCapture, QKCapture
+from core.llama.context import VIEW_SEQ, Context
+from core.llama.model import Model
+from core.specprefill.selection import runs
 
 SINKS = 4
 PAGE = 16
@@ -192,7 +195,7 @@ def run_specattn(args: Any) -> dict:
     from bench import plots
     from bench.common import progress, write_result
     from core.config import EngineConfig
-    from core.model_files import with_default_models
+    from core.llama.model_files import with_default_models
     from evals import specattn_decode
 
     cfg = with_default_models(EngineConfig())

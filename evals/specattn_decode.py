@@ -18,7 +18,7 @@ from bench.common import progress
 from core import corpus
 from core.config import DecodingPolicy, EngineConfig, PrefillPolicy, SamplingParams, TurnParams
 from core.engine import Engine
-from core.llama_bindings import VIEW_SEQ
+from core.llama.context import VIEW_SEQ
 from core.session_kv import SessionKV
 
 DOCUMENT = "stdlib:argparse.py"

@@ -7,7 +7,7 @@ blocks an assistant's ``tool_calls`` (arguments as JSON), ``tool_result``
 blocks ``role: tool`` messages, and ``tools``' ``input_schema`` a function's
 ``parameters``.  The finished turn renders as a ``message`` object, or as the
 ``message_start`` ... ``message_stop`` event sequence.  Errors on these routes
-take Anthropic's shape (see :mod:`gateway.errors`); ``cache_control`` is
+take Anthropic's shape (see :mod:`gateway.error_responses`); ``cache_control`` is
 accepted and ignored, since SpecGate keeps every session's KV anyway, and
 reuse is reported as ``usage.cache_read_input_tokens``.
 """
@@ -26,7 +26,7 @@ from core.errors import InvalidRequest
 from gateway import keys, protocol, sse
 from gateway import messages as wire
 from gateway.bodies import json_response, read_json
-from gateway.errors import anthropic_body
+from gateway.error_responses import anthropic_body
 from gateway.protocol import ChatRequest, TurnResult
 from gateway.turn_http import begin, complete, session_headers
 

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from core.errors import OwnedElsewhere, OwnerLost
 from gateway import keys
-from gateway.errors import Handler, error_body
+from gateway.error_responses import Handler, error_body
 
 log = structlog.get_logger("specgate.forward")
 FORWARDED = "X-SpecGate-Forwarded"

@@ -6,7 +6,7 @@ import aiohttp
 from aiohttp import web
 
 from core.config import ServeConfig, TurnParams
-from core.worker import ModelWorker
+from core.runtime.worker import ModelWorker
 from gateway.auth import ApiKeys
 from gateway.metrics import Metrics
 from gateway.turns import TurnRunner

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from gateway import keys, protocol, sse
 from gateway.bodies import json_response, read_json
-from gateway.errors import error_body
+from gateway.error_responses import error_body
 from gateway.openai_chat_objects import chunk, completion, final_chunks, new_id
 from gateway.protocol import TurnResult
 from gateway.turn_http import begin, complete, session_headers

@@ -31,7 +31,7 @@ from gateway import keys, protocol, sse
 from gateway import messages as wire
 from gateway.auth import OWNER
 from gateway.bodies import json_response, read_json
-from gateway.errors import error_body
+from gateway.error_responses import error_body
 from gateway.protocol import ChatRequest, TurnResult
 from gateway.turn_http import begin, complete
 from sessions.manager import IMPLICIT_PREFIX, Session

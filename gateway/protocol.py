@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core import constraints
 from core.config import (
     DEFAULT_LIMITS,
     POSITION_MODES,
@@ -26,7 +25,8 @@ from core.config import (
     TurnParams,
     override,
 )
-from core.constraints import Constraint
+from core.decoding import constraints
+from core.decoding.constraints import Constraint
 from core.errors import ConfigError, InvalidRequest
 from core.results import Result, Timings
 from gateway import messages as wire

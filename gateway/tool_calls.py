@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from core.stop import StopMatcher
+from core.decoding.stop import StopMatcher
 
 OPEN = "<tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from core.decode import OnText
+from core.decoding.decode import OnText
 from core.engine import Engine
 from core.errors import ShuttingDown
 from core.prompt import Prompt

@@ -19,7 +19,7 @@ from aiohttp import WSMsgType, web
 from core.errors import InvalidRequest, SessionBusy
 from gateway import keys, openai_chat_objects, protocol
 from gateway.auth import OWNER
-from gateway.errors import ws_error
+from gateway.error_responses import ws_error
 from gateway.turns import Turn
 from sessions.manager import Session
 

@@ -14,8 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from core import model_files
-from core.llama_bindings import Context, Model, init_backend
+from core.llama import model_files
+from core.llama.backend import init_backend
+from core.llama.context import Context
+from core.llama.model import Model
 
 TEXT = Path(__file__).resolve().parent.parent / "core" / "texts" / "specprefill_guide.txt"
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import structlog
 
 from core.config import DEFAULT_LIMITS, Limits, TurnParams
-from core.decode import OnText
+from core.decoding.decode import OnText
 from core.errors import (
     InvalidRequest,
     OwnedElsewhere,
@@ -35,8 +35,8 @@ from core.errors import (
     SessionNotFound,
     StoreUnavailable,
 )
+from core.runtime.worker import ModelWorker
 from core.session_kv import common_prefix
-from core.worker import ModelWorker
 from sessions.admission import FairAdmission
 from sessions.conversations import ConversationIndex
 from sessions.ids import check_id, session_key

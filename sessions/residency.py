@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 import structlog
 
 from core.config import TurnParams
-from core.decode import OnText
+from core.decoding.decode import OnText
 from core.engine import Engine, Result
 from core.errors import TurnCancelled
 from core.prompt import Prompt
 from core.results import Timings
+from core.runtime.steps import TurnSteps, Wait
 from core.session_kv import SessionKV, dense_prefix
-from core.steps import TurnSteps, Wait
 from sessions.parked_kv import ParkedKV
 from sessions.prefix_cache import PrefixCache
 from sessions.session import KVLocation, Session, SessionState

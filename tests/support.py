@@ -11,7 +11,6 @@ import pytest
 
 from bench.common import free_port
 from bench.derived_models import derived
-from core import model_files
 from core.config import (
     DecodingPolicy,
     EngineConfig,
@@ -23,6 +22,7 @@ from core.config import (
     TurnParams,
     override,
 )
+from core.llama import model_files
 
 # what the gateway tests serve by default: SpecPrefill on every prompt, no break-even
 TEST_PREFILL = PrefillPolicy(min_tokens=0, break_even=False, selection=Selection(mass=0.6))

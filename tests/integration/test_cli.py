@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from core import model_files
+from core.llama import model_files
 
 NEEDLE = ("Alpha beta gamma. " * 80) + "The vault code is 7781. " + ("Delta epsilon. " * 80) + "What is the vault code?"
 
@@ -77,11 +77,11 @@ def test_fetch_models_is_idempotent_and_verifies(tmp_path):
 
 
 def test_calibrate_writes_a_monotone_map_the_engine_loads(tiny_target, tiny_speculator, tmp_path):
-    from core import layer_map
     from core.config import EngineConfig
+    from core.decoding import layer_map
     from core.engine import Engine
     from core.errors import ConfigError
-    from core.llama_bindings import Model
+    from core.llama.model import Model
 
     out_path = tmp_path / "map.json"
     doc_path = tmp_path / "doc.txt"

@@ -47,6 +47,16 @@ def turn(base: str, sid: str, history: list[dict], text: str, **extra) -> httpx.
     return r
 
 
+def stored_history(cluster, sid: str, expected: list[dict], timeout: float = 60) -> list[dict]:
+    """The session's history in Redis once it equals ``expected`` (records are written off
+    the reply path, so a loaded machine may show the previous turn's for a moment), or the
+    last one read after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while (history := cluster.record("anonymous", sid)["history"]) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return history
+
+
 def replica(r: httpx.Response) -> str:
     return r.headers["X-SpecGate-Replica"]
 
@@ -142,7 +152,9 @@ def test_racing_replicas_take_over_a_session_exactly_once(cluster):
     assert ok and all(r.status_code in (200, 409) for r in results), [r.text for r in results]
     assert len({replica(r) for r in ok}) == 1  # one owner served every turn that ran
     assert all(r.json()["timings"]["kv_rebuilt"] for r in ok[:1])  # taken over from the stored history
-    stored = cluster.record("anonymous", "race-1")
+    deadline = time.monotonic() + 60  # written off the reply path: wait for it, then for nothing more
+    while (stored := cluster.record("anonymous", "race-1"))["turns"] < 1 + len(ok) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert stored["version"] == 5 + len(ok) and stored["turns"] == 1 + len(ok)  # no write lost or doubled
 
 
@@ -162,7 +174,7 @@ def test_rolling_restart_drains_a_replica_and_its_sessions_continue(cluster, ses
     for sid, history in mine:
         r = turn(cluster.base, sid, history, "Who serves me now?")
         assert r.status_code == 200 and replica(r) == "r2" and r.json()["timings"]["kv_rebuilt"], r.text
-        assert cluster.record("anonymous", sid)["history"] == history  # intact on the new owner
+        assert stored_history(cluster, sid, history) == history  # intact on the new owner
         sessions[sid] = (history, "r2")
     cluster.restart(victim)
 
@@ -185,7 +197,7 @@ def test_owner_killed_while_a_streamed_turn_is_proxied_to_it(cluster):
     cluster.wait_exit(2)
     r = turn(cluster.url(1), "px-stream", history, "Again?")
     assert r.status_code == 200 and replica(r) == "r1" and r.json()["timings"]["kv_rebuilt"], r.text
-    assert cluster.record("anonymous", "px-stream")["history"] == history
+    assert stored_history(cluster, "px-stream", history) == history
     cluster.restart(2)
 
 
@@ -205,7 +217,7 @@ def test_owner_killed_while_a_whole_turn_is_proxied_to_it(cluster):
     r = out[0]
     assert r.status_code == 200 and replica(r) == "r1" and r.json()["timings"]["kv_rebuilt"], r.text
     history.append(r.json()["choices"][0]["message"])
-    assert cluster.record("anonymous", "px-whole")["history"] == history
+    assert stored_history(cluster, "px-whole", history) == history
     cluster.wait_exit(2)
     cluster.restart(2)
 
@@ -230,7 +242,7 @@ def test_turns_in_flight_through_the_balancer_when_a_replica_dies(cluster):
     assert all(r.status_code == 200 for r in results.values()), {s: r.text[:200] for s, r in results.items()}
     assert any(r.json()["timings"]["kv_rebuilt"] for r in results.values())  # some really moved
     for sid, history in histories.items():
-        assert cluster.record("anonymous", sid)["history"] == history, sid
+        assert stored_history(cluster, sid, history) == history, sid
     cluster.wait_exit(2)
     cluster.restart(2)
 
@@ -271,6 +283,6 @@ def test_sigkill_failover_moves_sessions_with_their_history(cluster, sessions):
         assert replica(r) == "r1"
         moved = r.json()["timings"]["kv_rebuilt"]
         survivors += not moved
-        assert cluster.record("anonymous", sid)["history"] == history
+        assert stored_history(cluster, sid, history) == history
         assert cluster.record("anonymous", sid)["version"] > owners[sid]["version"]
     assert survivors < len(sessions)  # some sessions really moved (and were rebuilt)

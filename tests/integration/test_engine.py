@@ -9,9 +9,9 @@ from core.chat import ChatTemplate
 from core.config import EngineConfig, SamplingParams
 from core.engine import Engine
 from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, TurnCancelled, VocabMismatch
-from core.prefill import sparse_prefill
 from core.prompt import Prompt
-from core.steps import drive
+from core.runtime.steps import drive
+from core.specprefill.prefill import sparse_prefill
 from tests.support import policy, with_sampling
 
 GREEDY = SamplingParams(max_tokens=8)

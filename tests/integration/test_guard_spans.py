@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.textgen import agent_turn
 from core.config import PrefillPolicy
-from core.guard import STRUCT_TAIL
+from core.specprefill.guard import STRUCT_TAIL
 
 
 def dense_tokens(engine, prompt, policy: PrefillPolicy) -> set[int]:

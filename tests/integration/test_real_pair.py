@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from core import model_files
 from core.chat import ChatTemplate
 from core.config import EngineConfig, SamplingParams
 from core.engine import Engine
+from core.llama import model_files
 from tests.support import policy, real_model, with_sampling
 
 pytestmark = pytest.mark.real

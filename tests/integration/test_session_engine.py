@@ -8,11 +8,11 @@ import numpy as np
 
 from core.chat import ChatTemplate
 from core.config import SamplingParams
-from core.cost_model import PrefillCost
 from core.prompt import Prompt
 from core.results import Timings
+from core.runtime.steps import drive
 from core.session_kv import SessionKV, cached_indices, common_prefix
-from core.steps import drive
+from core.specprefill.cost_model import PrefillCost
 from tests.support import policy, with_sampling
 
 GREEDY = SamplingParams(max_tokens=6)

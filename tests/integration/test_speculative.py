@@ -110,7 +110,9 @@ def test_sparse_view_never_corrupts_the_session(smol_pair_engine, p):
 def test_qk_probe_reproduces_llama_attention(tiny_target):
     """Keys and queries from the flash-attention probe give the softmax rows that the
     non-flash context's kq_soft_max holds (the Quest-style eval baseline relies on it)."""
-    from core.llama_bindings import AttentionCapture, Context, Model, QKCapture
+    from core.llama.capture import AttentionCapture, QKCapture
+    from core.llama.context import Context
+    from core.llama.model import Model
 
     model = Model(str(tiny_target))
     tokens = model.tokenize("The quick brown fox jumps over the lazy dog. " * 12)
@@ -150,7 +152,8 @@ def test_qk_probe_reproduces_llama_attention(tiny_target):
 def test_view_masks_attention_and_commits_only_chosen_cells(small_model):
     """A batch through a view must attend to the view alone (llama.cpp masks by the first
     seq id), and only committed cells may stay in the sequence afterwards."""
-    from core.llama_bindings import VIEW_SEQ, Context, Model
+    from core.llama.context import VIEW_SEQ, Context
+    from core.llama.model import Model
 
     model = Model(str(small_model))
     ctx = Context(model, n_ctx=512, n_batch=256, n_ubatch=256, n_threads=2, flash_attn=True, views=True)
@@ -198,7 +201,7 @@ def test_speculative_decoding_on_a_mirrored_draft_equals_plain_decoding(smol_pai
     """After a sparse turn and a scored turn that rebuilt the draft as the target's mirror,
     the draft holds fewer cells than positions: its attention columns must still map to the
     right target cells (SpecAttn at p = 1 selects every one of them)."""
-    from core.cost_model import PrefillCost
+    from core.specprefill.cost_model import PrefillCost
 
     e = smol_pair_engine
     kv = SessionKV()

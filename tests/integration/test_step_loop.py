@@ -14,8 +14,8 @@ import pytest
 from core.config import SamplingParams
 from core.engine import Engine
 from core.errors import TurnCancelled
-from core.step_loop import Job, StepLoop
-from core.steps import Wait
+from core.runtime.step_loop import Job, StepLoop
+from core.runtime.steps import Wait
 from tests.support import engine_config, policy, with_sampling
 
 QUESTIONS = ("Name three primary colours.", "What is the capital of France?",

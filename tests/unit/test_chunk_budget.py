@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from core.chunk_budget import ALPHA, ChunkBudget
+from core.runtime.chunk_budget import ALPHA, ChunkBudget
 
 
 def linear(per_token: float, per_cell: float = 0.0, per_call: float = 0.0):
-    """A cost function shaped like core.cost_model's: weights plus attention over ``pos`` cells,
+    """A cost function shaped like core.specprefill.cost_model's: weights plus attention over ``pos`` cells,
     plus one call's overhead."""
     return lambda ctx, n, pos: n * (per_token + per_cell * pos) + per_call
 

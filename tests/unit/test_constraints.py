@@ -6,8 +6,8 @@ from __future__ import annotations
 import llguidance
 import pytest
 
-from core import constraints
 from core.config import TurnParams
+from core.decoding import constraints
 from core.errors import InvalidRequest
 from gateway import messages, protocol, tool_calls
 

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from core.config import PrefillPolicy
-from core.cost_model import Costs, PrefillCost, Work, estimate, features
-from core.guard import GuardVerdict, inspect, keyword_hits, scan_spans
-from core.planner import Status, plan
 from core.prompt import Prompt, Span
 from core.session_kv import SeqState, cached_indices, plan_speculator_sync
+from core.specprefill.cost_model import Costs, PrefillCost, Work, estimate, features
+from core.specprefill.guard import GuardVerdict, inspect, keyword_hits, scan_spans
+from core.specprefill.planner import Status, plan
 
 CLEAR = GuardVerdict(False)
 def linear(per_token: float) -> PrefillCost:

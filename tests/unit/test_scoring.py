@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from core.scoring import boost, importance, mean_pool, normalize, reduce_steps
+from core.specprefill.scoring import boost, importance, mean_pool, normalize, reduce_steps
 
 
 def test_reduce_steps_max_heads_then_layers_then_mean_steps():

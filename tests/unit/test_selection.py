@@ -3,7 +3,7 @@ from dataclasses import replace
 import numpy as np
 
 from core.config import Selection
-from core.selection import (
+from core.specprefill.selection import (
     cap_chunks,
     chunk_means,
     forced_mask,

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from core.specattn import (
+from core.decoding.specattn import (
     kl_similarity,
     monotone_layer_map,
     top_p_mask,

@@ -1,4 +1,4 @@
-from core.stop import StopMatcher
+from core.decoding.stop import StopMatcher
 
 
 def test_stop_string_split_across_pieces_is_held_back_and_cut():

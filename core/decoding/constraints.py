@@ -5,7 +5,7 @@ inputs (tools, ``tool_choice``, ``parallel_tool_calls``, a JSON schema) and the
 model family's call syntax (:class:`ToolSyntax`: Qwen's ``<tool_call>`` tags
 here; another family adds one entry to :data:`SYNTAXES`).  The grammar is
 Lark with embedded JSON schemas (``%json``), which llguidance compiles against
-the model's vocabulary on the model thread (:mod:`core.guided`).  A lazy
+the model's vocabulary on the model thread (:mod:`core.decoding.guided`).  A lazy
 constraint (``tool_choice: auto``) leaves the model free until it emits the
 syntax's opening token; from there the call must name an offered tool and
 its arguments must satisfy that tool's schema.

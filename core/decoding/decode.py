@@ -10,10 +10,11 @@ from dataclasses import dataclass
 import llama_cpp
 
 from core.config import SamplingParams
-from core.guided import Guide
-from core.llama_bindings import Context, Model, Seq
-from core.steps import Tokens, TurnSteps
-from core.stop import StopMatcher
+from core.decoding.guided import Guide
+from core.decoding.stop import StopMatcher
+from core.llama.context import Context, Seq
+from core.llama.model import Model
+from core.runtime.steps import Tokens, TurnSteps
 
 # Called with each new piece of text; return False to stop generating (client gone, cancel).
 OnText = Callable[[str], bool]
@@ -23,7 +24,7 @@ class Sampler:
     """A llama.cpp sampler chain built from SamplingParams (greedy at temperature 0)."""
 
     def __init__(self, params: SamplingParams, model: Model | None = None) -> None:
-        # a constrained reply masks the logits first (core.guided); only plain decoding does
+        # a constrained reply masks the logits first (core.decoding.guided); only plain decoding does
         self.guide = Guide(model, params.constraint) if params.constraint is not None and model else None
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         self._ptr = llama_cpp.llama_sampler_chain_init(chain_params)
@@ -117,7 +118,7 @@ def generate(seq: Seq, n_past: int, params: SamplingParams, on_text: OnText | No
              idx: int = -1) -> TurnSteps[Generation]:
     """Sample from the logits already in the context (batch index ``idx``; the prompt's
     last position is ``n_past - 1``) until EOG, a stop string, ``max_tokens`` or the
-    callback says stop.  Each new token is a one-token request (see core.steps)."""
+    callback says stop.  Each new token is a one-token request (see core.runtime.steps)."""
     sampler = Sampler(params, seq.model)
     stream = TextStream(seq.model, params, on_text)
     t0 = time.perf_counter()

@@ -5,7 +5,7 @@ attention row is averaged over its heads (a mean of distributions is a
 distribution, and the sparse view is one selection shared by all heads).
 S[i][j] = -KL(A_target_j || A_draft_i) is computed per query position and
 averaged over all query positions of all texts; the monotone map then comes
-from core.specattn.monotone_layer_map.
+from core.decoding.specattn.monotone_layer_map.
 
 The JSON is keyed by both model files' sha256 and lives next to the models,
 so the gateway picks it up for exactly that pair.
@@ -20,10 +20,12 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from core.decoding.specattn import kl_similarity, monotone_layer_map, proportional_map
 from core.errors import ConfigError
-from core.llama_bindings import AttentionCapture, Context, Model
-from core.model_files import cached_sha256, models_dir
-from core.specattn import kl_similarity, monotone_layer_map, proportional_map
+from core.llama.capture import AttentionCapture
+from core.llama.context import Context
+from core.llama.model import Model
+from core.llama.model_files import cached_sha256, models_dir
 
 
 @dataclass(slots=True, frozen=True)

@@ -19,16 +19,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from core.llama_bindings import Seq
-from core.selection import runs
-from core.steps import Tokens, TurnSteps
+from core.llama.context import Seq
+from core.runtime.steps import Tokens, TurnSteps
+from core.specprefill.selection import runs
 
 
 def sparse_prefill(seq: Seq, tokens: Sequence[int], kept: np.ndarray, mode: str,
                    base_pos: int) -> TurnSteps[tuple[int, int]]:
     """Prefill ``tokens[kept]``; ``base_pos`` is the position of ``tokens[0]`` and
     the sequence must end at ``base_pos - 1`` (or be empty).  Each run is one request
-    (core.steps), the last one keeping its logits.  Returns the next position and the
+    (core.runtime.steps), the last one keeping its logits.  Returns the next position and the
     batch index of those logits."""
     if mode == "compact":
         reply = yield Tokens(seq, [tokens[i] for i in kept], base_pos)

@@ -1,7 +1,7 @@
 """Constrained decoding on the model thread: llguidance masks the logits of one reply.
 
 The vocabulary is read once per model (about 2 s for Qwen's 151K tokens) and
-kept; each reply compiles its :class:`~core.constraints.Constraint` into a
+kept; each reply compiles its :class:`~core.decoding.constraints.Constraint` into a
 matcher (milliseconds), and every constrained token costs one mask (tens of
 microseconds) plus writing ``-inf`` over the banned logits in place, before
 llama.cpp's sampler chain reads them.  A lazy constraint stays off until the
@@ -18,7 +18,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from core.constraints import Constraint
+from core.decoding.constraints import Constraint
 from core.errors import InvalidRequest
 
 _tokenizers: dict[int, Any] = {}  # id(model vocab) -> LLTokenizer

@@ -2,9 +2,9 @@
 
 One round: the draft decodes gamma tokens one by one (capturing its attention
 rows when SpecAttn is on), the target verifies the input token and all drafts
-in one batch, the acceptance rule (core.acceptance) keeps a prefix, and
+in one batch, the acceptance rule (core.decoding.acceptance) keeps a prefix, and
 both caches are cut back to what was accepted.  With SpecAttn the target's
-batch attends only through a view (core.llama_bindings.Context.make_view) of
+batch attends only through a view (core.llama.Context.make_view) of
 the cells the draft's attention selected, and only the accepted new cells are
 committed to the target's sequence; the full cache is never touched.
 
@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.acceptance import accept_greedy, accept_stochastic, distribution, sample
 from core.config import SamplingParams
-from core.decode import Generation, OnText, TextStream
-from core.llama_bindings import AttentionCapture, Seq
+from core.decoding.acceptance import accept_greedy, accept_stochastic, distribution, sample
+from core.decoding.decode import Generation, OnText, TextStream
+from core.decoding.specattn import SparseVerify, view_spans
+from core.llama.capture import AttentionCapture
+from core.llama.context import Seq
 from core.results import SpeculativeStats
-from core.specattn import SparseVerify, view_spans
-from core.steps import TurnSteps
+from core.runtime.steps import TurnSteps
 
 DraftReady = Callable[[], tuple[list[int], int, list[int]]]  # pending, their position, prompt tokens held
 

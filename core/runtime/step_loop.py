@@ -11,7 +11,7 @@ A turn resumed after its decode samples its token at once (from its own batch
 index) and streams it, so every decoding session gets a token per step.
 
 Prefill: while any turn is streaming, a pending prefill gets a chunk sized by
-:class:`core.chunk_budget.ChunkBudget`: at most ``step_tokens``, and with a
+:class:`core.runtime.chunk_budget.ChunkBudget`: at most ``step_tokens``, and with a
 ``prefill_share`` no more than that share of what the step costs without it,
 so the streams slow by a bounded factor while the prefill keeps moving.
 ``step_tokens=0`` is *decode first*: no prefill at all until the decoders
@@ -34,10 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.chunk_budget import ChunkBudget
 from core.errors import TurnCancelled
-from core.llama_bindings import Context
-from core.steps import Tokens, TurnSteps, Wait
+from core.llama.context import Context
+from core.runtime.chunk_budget import ChunkBudget
+from core.runtime.steps import Tokens, TurnSteps, Wait
 
 
 @dataclass(slots=True, eq=False)
@@ -78,7 +78,7 @@ class StepStats:
 
 class StepLoop:
     def __init__(self, step_tokens: int, prefill_share: float = 0.0) -> None:
-        self.budget = ChunkBudget(step_tokens, prefill_share)  # its cost function: the engine's (core.worker)
+        self.budget = ChunkBudget(step_tokens, prefill_share)  # its cost function: the engine's (core.runtime.worker)
         self.jobs: list[Job] = []
         self.stats = StepStats()
         self._chunk_s = 0.0  # the expected cost of this step's chunks

@@ -11,7 +11,7 @@ unbatched, e.g. speculative decoding, yields so between rounds).  A
 holds a prefill back.
 
 :func:`drive` runs one turn by itself, each request as its own decode; the step
-loop (core.step_loop) runs many, batching their requests.
+loop (core.runtime.step_loop) runs many, batching their requests.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 from core.errors import EngineError
 
 if TYPE_CHECKING:  # pure: the unit tests import this without llama.cpp
-    from core.llama_bindings import Seq
+    from core.llama.context import Seq
 
 R = TypeVar("R")
 

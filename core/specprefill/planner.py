@@ -4,7 +4,7 @@ Statuses are the strings of the SpecPrefill guide (the spec this project
 implements), reported as ``timings.specprefill``.  The break-even test
 compares the estimated dense prefill with scoring plus the sparse prefill of
 the tokens expected to be kept, from cost functions fitted to measurements on
-this machine (core.cost_model), never constants.
+this machine (core.specprefill.cost_model), never constants.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import enum
 from dataclasses import dataclass
 
 from core.config import PrefillPolicy
-from core.cost_model import Costs, Work, estimate
-from core.guard import GuardVerdict
+from core.specprefill.cost_model import Costs, Work, estimate
+from core.specprefill.guard import GuardVerdict
 
 
 class Status(enum.StrEnum):

@@ -1,0 +1,76 @@
+"""What the engine checks and measures once, at start-up: that both models share a
+vocabulary, that the slots' KV caches fit in memory, and the seed of the prefill cost
+functions."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from core.config import EngineConfig
+from core.errors import ConfigError, VocabMismatch
+from core.llama.model import Model
+
+if TYPE_CHECKING:
+    from core.engine import Engine
+
+VOCAB_PROBE = "SpecGate probe: fn get_weather(city) -> {\"temp\": 21.5} 東京 ✓"
+CALIBRATION_TEXT = (
+    "The quick brown fox jumps over the lazy dog while the committee reviews the "
+    "quarterly report on distributed systems, caching layers and network latency. "
+)
+
+
+def check_same_vocab(a: Model, b: Model) -> None:
+    if a.n_vocab != b.n_vocab:
+        raise VocabMismatch(f"vocabularies differ: {a.path.name} has {a.n_vocab} tokens, "
+                            f"{b.path.name} has {b.n_vocab}")
+    if a.tokenize(VOCAB_PROBE) != b.tokenize(VOCAB_PROBE):
+        raise VocabMismatch(f"{a.path.name} and {b.path.name} tokenize the same text differently")
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None where there is none)."""
+    try:
+        for line in open("/proc/meminfo", encoding="ascii"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_memory(config: EngineConfig, target: Model, speculator: Model) -> None:
+    """Refuse a slot configuration whose KV caches and weights do not fit in memory."""
+    kv = config.slots * (config.n_ctx * target.kv_bytes_per_token
+                         + config.speculator_ctx_len * speculator.kv_bytes_per_token)
+    need, have = kv + target.size_bytes + speculator.size_bytes, available_bytes()
+    if have is not None and need > have:
+        mib = 1 << 20
+        raise ConfigError(f"{config.slots} slots x {config.n_ctx} tokens need {kv // mib} MiB of KV cache "
+                          f"(+ {(target.size_bytes + speculator.size_bytes) // mib} MiB of weights), but only "
+                          f"{have // mib} MiB of memory is available: lower --slots or --n-ctx")
+
+
+def calibrate(engine: Engine, n_tokens: int) -> None:
+    """Seed the cost functions: both models' prefill of ``n_tokens`` and the speculator's
+    one-token step after it, each timed twice and the faster kept (other load only ever
+    slows a run down).  Every real prefill and step refines them (core.specprefill.cost_model)."""
+    text = CALIBRATION_TEXT * (n_tokens // 20 + 2)
+    tokens = engine.target.tokenize(text, add_special=False)[:n_tokens]
+    n = len(tokens)
+    for ctx, cost in ((engine.speculator_ctx, engine.costs.speculator), (engine.target_ctx, engine.costs.target)):
+        ctx.clear()
+        ctx.decode(tokens[:32], 0)  # the first decode pages the mmap'd weights in
+        prefill, step = float("inf"), float("inf")
+        for _ in range(2):
+            ctx.clear()
+            t0 = time.perf_counter()
+            ctx.decode(tokens, 0)
+            t1 = time.perf_counter()
+            ctx.decode([tokens[0]], n)
+            prefill, step = min(prefill, t1 - t0), min(step, time.perf_counter() - t1)
+        cost.observe(n, 0, engine._calls(n), prefill)
+        if ctx is engine.speculator_ctx:
+            engine.costs.speculator_step.observe(1, n, 1, step)
+        ctx.clear()
