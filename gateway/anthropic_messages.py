@@ -84,11 +84,20 @@ def parse_messages_body(body: Any, defaults: TurnParams, header_session: str | N
         "stream": body.get("stream"), "max_tokens": body["max_tokens"], "temperature": body.get("temperature"),
         "top_p": body.get("top_p"), "top_k": body.get("top_k"), "stop": body.get("stop_sequences"),
         "session_id": body.get("session_id"), "specprefill": body.get("specprefill"),
+        "user": _user_id(body.get("metadata")),
         "parallel_tool_calls": False if isinstance(body.get("tool_choice"), dict)
         and body["tool_choice"].get("disable_parallel_tool_use") is True else None,
     }
     return protocol.parse_chat({k: v for k, v in chat_body.items() if v is not None}, defaults, header_session,
                                limits, n_ctx)
+
+
+def _user_id(metadata: Any) -> Any:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise InvalidRequest("'metadata' must be an object")
+    return metadata.get("user_id")
 
 
 def _system(system: Any) -> str:

@@ -187,7 +187,8 @@ def parse_body(body: Any, history: list[dict[str, Any]], defaults: Any, limits: 
                  "tool_choice": _tool_choice(body.get("tool_choice")), "stream": body.get("stream"),
                  "max_tokens": body.get("max_output_tokens"), "temperature": body.get("temperature"),
                  "top_p": body.get("top_p"), "specprefill": body.get("specprefill"),
-                 "parallel_tool_calls": body.get("parallel_tool_calls"), "response_format": _format(fmt)}
+                 "parallel_tool_calls": body.get("parallel_tool_calls"), "response_format": _format(fmt),
+                 "prompt_cache_key": body.get("prompt_cache_key"), "user": body.get("user")}
     chat = protocol.parse_chat({k: v for k, v in chat_body.items() if v is not None}, defaults, None, limits, n_ctx)
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16

@@ -58,6 +58,7 @@ class ChatRequest:
     session_id: str | None
     model: str
     tool_choice: str = "auto"  # auto | required | a function's name (``none`` leaves ``tools`` None)
+    hint: str | None = None  # prompt_cache_key, user or metadata.user_id: narrows which conversation it continues
 
 
 def _typed(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -172,7 +173,20 @@ def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limi
         session_id=session_id,
         model=_typed(body, "model", str, "a string") or "",
         tool_choice=choice,
+        hint=_hint(body),
     )
+
+
+def _hint(body: dict[str, Any]) -> str | None:
+    """What the client says groups its requests (OpenAI's ``prompt_cache_key``, else
+    ``user``): a conversation that names no session is continued only among those."""
+    for key in ("prompt_cache_key", "user"):
+        value = _typed(body, key, str, "a string")
+        if value:
+            if len(value) > 256:
+                raise InvalidRequest(f"'{key}' is longer than 256 characters")
+            return value
+    return None
 
 
 def output_constraint(tools: tuple[dict[str, Any], ...] | None, choice: str, parallel: bool,

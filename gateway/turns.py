@@ -89,9 +89,9 @@ class TurnRunner:
         if not self.implicit:
             return (await self.manager.start_implicit(owner, True) if required else None), None
         prompt = await self.manager.worker.call(lambda engine: _render(engine, request))
-        session = self.manager.continuing(owner, prompt.tokens)
+        session = self.manager.continuing(owner, prompt.tokens, request.hint)
         if session is None:
-            session = await self.manager.start_implicit(owner, required)
+            session = await self.manager.start_implicit(owner, required, request.hint)
         return session, prompt
 
     def start(self, request: ChatRequest, session: Session | None, owner: str, request_id: str | None = None,

@@ -227,13 +227,15 @@ class SessionManager:
         return self.residency.prefixes
 
     # -- conversations found by their tokens ---------------------------------------
-    def continuing(self, owner: str, tokens: Sequence[int]) -> Session | None:
+    def continuing(self, owner: str, tokens: Sequence[int], hint: str | None = None) -> Session | None:
         """The idle implicit session of ``owner`` that ``tokens`` continue: they repeat its
         whole last prompt (a branch of it forks instead) and its held tokens cover at least
-        ``implicit_min_share`` of them.  A busy holder is passed over, never waited for."""
+        ``implicit_min_share`` of them.  A busy holder is passed over, never waited for.  A
+        ``hint`` (the client's prompt_cache_key or user) narrows the candidates to the
+        conversations made under it; it never makes tokens that differ match."""
         for key, _ in self.conversations.lookup(owner, tokens):
             s = self._sessions.get(key)
-            if s is None or s.state is not SessionState.IDLE or s.owner != owner:
+            if s is None or s.state is not SessionState.IDLE or s.owner != owner or hint not in (None, s.hint):
                 continue
             if common_prefix(s.kv.target.tokens, tokens) >= max(s.last_prompt_n,
                                                                 self.implicit_min_share * len(tokens)):
@@ -242,16 +244,18 @@ class SessionManager:
         self.implicit_misses += 1
         return None
 
-    async def start_implicit(self, owner: str, required: bool = False) -> Session | None:
+    async def start_implicit(self, owner: str, required: bool = False, hint: str | None = None) -> Session | None:
         """A new implicit session for a conversation nobody holds.  When the owner has no
         room left: None (the turn runs stateless: a request never fails for it), or
         :class:`SessionLimit` if the caller ``required`` one (a response to store)."""
         try:
-            return await self.create(owner, f"{IMPLICIT_PREFIX}{uuid.uuid4().hex[:20]}", implicit=True)
+            session = await self.create(owner, f"{IMPLICIT_PREFIX}{uuid.uuid4().hex[:20]}", implicit=True)
         except SessionLimit:
             if required:
                 raise
             return None
+        session.hint = hint
+        return session
 
     @property
     def implicit_live(self) -> int:

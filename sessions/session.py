@@ -57,6 +57,7 @@ class Session:
     cancel: threading.Event | None = None  # the running turn's
     request_id: str | None = None  # the running turn's request (X-Request-Id): a replay of it replaces it
     implicit: bool = False  # made by the server (a conversation found by its tokens, a stored response's), not named
+    hint: str | None = None  # the client's grouping hint (prompt_cache_key, user) an implicit session was made under
     last_prompt_n: int = 0  # tokens of the last turn's prompt: a request that covers them continues the conversation
     responses: list[dict[str, Any]] = field(default_factory=list)  # stored Responses API answers, newest last
 

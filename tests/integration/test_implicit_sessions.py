@@ -132,3 +132,18 @@ def test_a_flood_evicts_implicit_sessions_first_and_never_fails(gw):
     assert httpx.get(f"{gw.base}/v1/sessions/{seen[-1]}", headers=BOB).status_code == 404
     r = send(gw, [*start("g"), {"role": "user", "content": "Go on."}], headers=BOB)  # no room: served stateless
     assert "X-Session-Id" not in r.headers and r.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_a_cache_key_narrows_which_conversation_continues(gw):
+    """``prompt_cache_key`` groups a client's requests: the same history under another key
+    starts its own conversation; under its own it continues, as tokens match."""
+    history = [*start(f"h{uuid.uuid4().hex[:6]}"), {"role": "user", "content": "Go on."}]
+    r1 = send(gw, history, prompt_cache_key="agent-1")
+    follow = [*history, r1.json()["choices"][0]["message"], {"role": "user", "content": "And pump 2?"}]
+    other = send(gw, follow, prompt_cache_key="agent-2")
+    assert other.headers["X-Session-Id"] != r1.headers["X-Session-Id"]
+    mine = send(gw, follow, prompt_cache_key="agent-1")
+    assert mine.headers["X-Session-Id"] == r1.headers["X-Session-Id"] and cached(mine) >= prompt(r1)
+    bad = httpx.post(gw.base + "/v1/chat/completions", headers=ALICE, timeout=30,
+                     json={"messages": history, "max_tokens": 2, "prompt_cache_key": 7})
+    assert bad.status_code == 400 and "prompt_cache_key" in bad.json()["error"]["message"]
