@@ -7,20 +7,19 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
-from core.decoding.decode import OnText
-from core.engine import Engine
 from core.errors import ShuttingDown
 from core.prompt import Prompt
+from core.turn_request import TurnRequest
 from gateway import protocol, tool_calls
 from gateway.metrics import Metrics
 from gateway.protocol import ChatRequest, TurnResult
-from sessions.manager import Render, Session, SessionManager
+from sessions.manager import Session, SessionManager
 
 log = structlog.get_logger("specgate.turn")
 
@@ -88,7 +87,7 @@ class TurnRunner:
         idle now, and the claim must see it so."""
         if not self.implicit:
             return (await self.manager.start_implicit(owner, True) if required else None), None
-        prompt = await self.manager.worker.call(lambda engine: _render(engine, request))
+        prompt = await self.manager.worker.call(down(request, owner).render)
         session = self.manager.continuing(owner, prompt.tokens, request.hint)
         if session is None:
             session = await self.manager.start_implicit(owner, required, request.hint)
@@ -112,11 +111,8 @@ class TurnRunner:
             loop.call_soon_threadsafe(turn.queue.put_nowait, piece)
             return True
 
-        def render(engine: Engine) -> Prompt:  # model thread: tokenizing is llama.cpp work too
-            return prompt if prompt is not None else _render(engine, request)
-
-        key = f"stateless-{uuid.uuid4().hex[:8]}"
-        turn.task = asyncio.create_task(self._run(turn, render, on_text, key))
+        work = down(request, owner, cancel=turn.cancel, sink=on_text, prompt=prompt)
+        turn.task = asyncio.create_task(self._run(turn, work))
         self.turns.add(turn)
         turn.task.add_done_callback(lambda _: self._finished(turn))
         return turn
@@ -125,11 +121,10 @@ class TurnRunner:
         turn.queue.put_nowait(None)
         self.turns.discard(turn)
 
-    async def _run(self, turn: Turn, render: Render, on_text: OnText, key: str) -> TurnResult:
+    async def _run(self, turn: Turn, work: TurnRequest) -> TurnResult:
         t0 = time.perf_counter()
         try:
-            outcome = await self.manager.run_turn(turn.session, render, turn.request.params, on_text, key,
-                                                 turn.cancel, turn.owner)
+            outcome = await self.manager.run_turn(turn.session, work)
         except asyncio.CancelledError:
             self.metrics.turn_ended("cancelled")
             raise
@@ -169,7 +164,7 @@ class TurnRunner:
 
 
 
-def _render(engine: Engine, request: ChatRequest) -> Prompt:
-    """The request's prompt (model thread: tokenizing is llama.cpp work)."""
-    return engine.chat.render_chat(request.messages, request.tools,
-                                   has_grammar=request.params.sampling.constraint is not None)
+
+def down(request: ChatRequest, owner: str, **how: Any) -> TurnRequest:
+    """The wire request as the layers below take it (``how``: cancel, sink, prompt)."""
+    return TurnRequest(owner, request.messages, request.tools, request.params, **how)

@@ -25,8 +25,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from core.config import DEFAULT_LIMITS, Limits, TurnParams
-from core.decoding.decode import OnText
+from core.config import DEFAULT_LIMITS, Limits
 from core.errors import (
     InvalidRequest,
     OwnedElsewhere,
@@ -37,6 +36,7 @@ from core.errors import (
 )
 from core.runtime.worker import ModelWorker
 from core.session_kv import common_prefix
+from core.turn_request import TurnRequest
 from sessions.admission import FairAdmission
 from sessions.conversations import ConversationIndex
 from sessions.ids import check_id, session_key
@@ -44,12 +44,12 @@ from sessions.metadata import MetadataStore
 from sessions.parked_kv import ParkedKV
 from sessions.prefix_cache import PrefixCache
 from sessions.registry import LocalRegistry, Registry
-from sessions.residency import Render, Residency, TurnOutcome
+from sessions.residency import Residency, TurnOutcome
 from sessions.session import IMPLICIT_PREFIX, KVLocation, Session, SessionState
 from sessions.slots import SlotTable
 from sessions.store_writer import StoreWriter
 
-__all__ = ["IMPLICIT_PREFIX", "Render", "Session", "SessionManager", "SessionState", "TurnOutcome"]
+__all__ = ["IMPLICIT_PREFIX", "Session", "SessionManager", "SessionState", "TurnOutcome"]
 log = structlog.get_logger("specgate.sessions")
 
 
@@ -296,16 +296,15 @@ class SessionManager:
         session.cancel = None
         session.request_id = None
 
-    async def run_turn(self, session: Session | None, render: Render, params: TurnParams,
-                       on_text: OnText | None, key: str, cancel: threading.Event, owner: str) -> TurnOutcome:
-        """``session`` must have been :meth:`claim`-ed; ``cancel`` stops prefill between batches."""
+    async def run_turn(self, session: Session | None, work: TurnRequest) -> TurnOutcome:
+        """Run ``work`` in ``session`` (which must have been :meth:`claim`-ed), or without one."""
+        residency, abort = self.residency, work.cancel.is_set
         if session is None:
-            return await self.scheduler.submit(key, lambda: self.worker.turn(
-                lambda engine: self.residency.stateless(engine, owner, render, params, on_text, cancel), cancel.is_set))
+            return await self.scheduler.submit(f"stateless-{work.id}", lambda: self.worker.turn(
+                lambda engine: residency.stateless(engine, work), abort))
         try:
-            turn = self.residency.session_turn
             outcome: TurnOutcome = await self.scheduler.submit(session.key, lambda: self.worker.turn(
-                lambda engine: turn(engine, session, render, params, on_text, cancel), cancel.is_set))
+                lambda engine: residency.session_turn(engine, session, work), abort))
         finally:
             self._index(session)
         self._record(session, outcome)

@@ -13,28 +13,25 @@ inside the turns, and in the jobs that deletes, expiry and moves queue there.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
 
-from core.config import TurnParams
-from core.decoding.decode import OnText
 from core.engine import Engine, Result
 from core.errors import TurnCancelled
 from core.prompt import Prompt
 from core.results import Timings
 from core.runtime.steps import TurnSteps, Wait
 from core.session_kv import SessionKV, dense_prefix
+from core.turn_request import TurnRequest
 from sessions.parked_kv import ParkedKV
 from sessions.prefix_cache import PrefixCache
 from sessions.session import KVLocation, Session, SessionState
 from sessions.slots import Seat, SlotTable
 
 log = structlog.get_logger("specgate.sessions")
-Render = Callable[[Engine], Prompt]  # runs on the model thread
 
 
 @dataclass(slots=True)
@@ -99,30 +96,28 @@ class Residency:
             log.info("session_kv_evicted", session_key=key, spilled=self.parked.where(key) == "disk")
         return evicted
 
-    def stateless(self, engine: Engine, owner: str, render: Render, params: TurnParams,
-                   on_text: OnText | None, cancel: threading.Event) -> TurnSteps[TurnOutcome]:
-        if cancel.is_set():
+    def stateless(self, engine: Engine, work: TurnRequest) -> TurnSteps[TurnOutcome]:
+        if work.cancel.is_set():
             raise TurnCancelled("the client left before the turn started")
-        prompt = render(engine)
+        prompt = work.render(engine)
         engine.check_prompt(prompt)  # before another session's KV is disturbed
         seat = self.slots.seat(object())
         evicted = self._park(engine, seat)
         kv, start = SessionKV(), PrefixStart()
         try:
             engine.load_kv(None, seat.slot)
-            start = yield from self._start_from_prefix(engine, owner, kv, prompt, seat.slot)
+            start = yield from self._start_from_prefix(engine, work.owner, kv, prompt, seat.slot)
             evicted += start.evicted
-            result = yield from engine.turn(prompt, params, on_text, kv=kv, slot=seat.slot)
+            result = yield from engine.turn(prompt, work.params, work.sink, kv=kv, slot=seat.slot)
         finally:
             self.slots.release(seat.slot, keep=False)
         start.account(result.timings)
         return TurnOutcome(result, evicted)
 
-    def session_turn(self, engine: Engine, session: Session, render: Render, params: TurnParams,
-                      on_text: OnText | None, cancel: threading.Event) -> TurnSteps[TurnOutcome]:
-        if cancel.is_set():
+    def session_turn(self, engine: Engine, session: Session, work: TurnRequest) -> TurnSteps[TurnOutcome]:
+        if work.cancel.is_set():
             raise TurnCancelled("the turn was cancelled before it started")
-        prompt = render(engine)
+        prompt = work.render(engine)
         engine.check_prompt(prompt)  # a bad prompt must not cost the session its cache
         seat = self.slots.seat(session)
         evicted = self._park(engine, seat)
@@ -140,7 +135,7 @@ class Residency:
                 if blobs is None:
                     start = yield from self._start_from_prefix(engine, session.owner, session.kv, prompt, seat.slot)
                     evicted += start.evicted
-            result = yield from engine.turn(prompt, params, on_text, kv=session.kv, slot=seat.slot)
+            result = yield from engine.turn(prompt, work.params, work.sink, kv=session.kv, slot=seat.slot)
         except BaseException:
             # never leave bookkeeping that disagrees with the caches: the next turn rebuilds
             session.kv.reset()
