@@ -38,6 +38,19 @@ def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
     _require(value in choices, f"{name} must be one of {choices}, got {value!r}")
 
 
+def per_request(default: Any, lo: Any = None, hi: Any = None) -> Any:
+    """A policy field a request may set, within ``[lo, hi]`` (a str field: ``lo`` is its
+    choices); the server's own setting is checked by ``__post_init__`` as usual."""
+    return field(default=default, metadata={"per_request": (lo, hi)})
+
+
+def request_bounds(cls: type) -> dict[str, tuple[type, Any, Any]]:
+    """``{name: (type, lo, hi)}`` of the fields of ``cls`` (nested ones flat) a request may set."""
+    kinds = {"bool": bool, "int": int, "float": float, "str": str}
+    return {f.name: (kinds[str(f.type)], *f.metadata["per_request"]) for f in flat_fields(cls)
+            if "per_request" in f.metadata}
+
+
 def field_default(f: dataclasses.Field) -> Any:
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
@@ -78,10 +91,10 @@ class Scorer:
 class Selection:
     """Which chunks of the scored tokens the target prefills (core.specprefill.selection)."""
 
-    chunk_size: int = 32
-    select_mode: str = "mass"
-    mass: float = 0.85
-    keep_fraction: float = 0.3
+    chunk_size: int = per_request(32, 8, 512)
+    select_mode: str = per_request("mass", SELECT_MODES)
+    mass: float = per_request(0.85, 0.05, 1.0)
+    keep_fraction: float = per_request(0.3, 0.01, 1.0)
     keep_first: int = 4
     keep_last: int = 2
     max_keep: int = 0  # 0 = no cap
@@ -99,19 +112,19 @@ class Selection:
 class PrefillPolicy:
     """SpecPrefill for one turn: scoring, selection, guard and break-even."""
 
-    enabled: bool = True
-    lookahead: int = 1  # chosen by specgate eval: see results/README.md "Answer quality"
+    enabled: bool = per_request(True)
+    lookahead: int = per_request(1, 0, 16)  # chosen by specgate eval: see results/scorers.md "Answer quality"
     pool_kernel: int = 13
     score_agg: str = "max"  # rows to scores (core/specprefill/scoring.py); filter-* read the last layer
     boost_first_n: int = 64
     boost_first_mult: float = 1.5
     boost_last_n: int = 128
     boost_last_mult: float = 1.3
-    position_mode: str = "original"
+    position_mode: str = per_request("original", POSITION_MODES)
     min_tokens: int = 1024
     break_even: bool = True
     safety: float = 1.2
-    guard_mode: str = "structural"  # see core/specprefill/guard.py and README "The tool guard"
+    guard_mode: str = per_request("structural", GUARD_MODES)  # see core/specprefill/guard.py, docs/specprefill.md
     guard_scan_tokens: int = 256  # a raw prompt's head that the keyword scan reads
     guard_header_tokens: int = 32  # leading tokens of each tool result kept dense
     guard_user_tokens: int = 256  # trailing tokens of the latest user message kept dense

@@ -16,14 +16,13 @@ from typing import Any
 
 from core.config import (
     DEFAULT_LIMITS,
-    POSITION_MODES,
-    SELECT_MODES,
     DecodingPolicy,
     Limits,
     PrefillPolicy,
     SamplingParams,
     TurnParams,
     override,
+    request_bounds,
 )
 from core.decoding import constraints
 from core.decoding.constraints import Constraint
@@ -34,18 +33,10 @@ from gateway import tool_calls
 
 SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 UNSUPPORTED = ("grammar", "logprobs", "top_logprobs", "logit_bias")
-# what a request may change of the server's SpecPrefill policy, with bounds; break-even,
-# min_tokens, the guard's sizes and keywords stay the server's
-REQUEST_PREFILL: dict[str, tuple[type, Any, Any]] = {
-    "enabled": (bool, None, None),
-    "lookahead": (int, 0, 16),
-    "mass": (float, 0.05, 1.0),
-    "keep_fraction": (float, 0.01, 1.0),
-    "chunk_size": (int, 8, 512),
-    "select_mode": (str, SELECT_MODES, None),
-    "position_mode": (str, POSITION_MODES, None),
-    "guard_mode": (str, ("structural", "skip"), None),
-}
+# what a request may change of the server's SpecPrefill policy, with bounds (declared on the
+# fields: core.config.per_request); break-even, min_tokens, the guard's sizes and keywords
+# stay the server's
+REQUEST_PREFILL: dict[str, tuple[type, Any, Any]] = request_bounds(PrefillPolicy)
 
 
 @dataclass(slots=True, frozen=True)
