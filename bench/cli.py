@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results/bench", help="results folder")
     parser.add_argument("--arms", help="multi_turn, concurrency, long_prefill or stateless arms to (re)run, "
                         "comma-separated (default: all)")
+    parser.add_argument("--stateless", action="store_true",
+                        help="soak: clients name no session and resend their history (implicit sessions)")
     parser.add_argument("--agents", type=int, default=1, help="stateless: agents at once (default 1)")
     parser.add_argument("--sessions", help="concurrency levels, comma-separated (default: 1,2,4,8,12; quick 1,2,4)")
     parser.add_argument("--stagger", action="store_true",
@@ -115,8 +117,9 @@ def soak(r: Run) -> Any:
     from bench import plots, soak
 
     sessions, turns = (20, 5) if r.quick else (100, 10)
-    s = soak.run(*_tiny(), r.path("soak"), sessions, turns)
-    plots.soak(orjson.loads(r.path("soak").read_bytes())["samples"], r.path("soak", "png"))
+    name = "soak_stateless" if r.args.stateless else "soak"
+    s = soak.run(*_tiny(), r.path(name), sessions, turns, r.args.stateless)
+    plots.soak(orjson.loads(r.path(name).read_bytes())["samples"], r.path(name, "png"))
     return s
 
 

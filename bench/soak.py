@@ -42,7 +42,8 @@ def rss_mb(pid: int) -> float:
 def scrape(base: str) -> dict[str, float]:
     text = httpx.get(base + "/metrics", timeout=5).text
     wanted = ("specgate_kv_bytes_ram", "specgate_kv_bytes_disk", "specgate_store_pending_writes",
-              "specgate_live_sessions", "specgate_kv_rebuilds_total", "specgate_spill_writes_total")
+              "specgate_live_sessions", "specgate_kv_rebuilds_total", "specgate_spill_writes_total",
+              "specgate_implicit_sessions", "specgate_implicit_hits_total", "specgate_implicit_misses_total")
     out = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
@@ -63,13 +64,14 @@ def text(rng: random.Random, n_words: int) -> str:
 
 
 async def session(http: httpx.AsyncClient, sid: str, turns: int, gate: asyncio.Semaphore,
-                  errors: list[str]) -> list[dict[str, Any]]:
+                  errors: list[str], stateless: bool = False) -> list[dict[str, Any]]:
+    """``stateless``: the client names no session and resends the history, as frameworks do."""
     rng = random.Random(sid)
     history: list[dict[str, Any]] = [{"role": "system", "content": "You keep plant logs."}]
     for turn in range(turns):
         history.append({"role": "user", "content": f"Turn {turn}: " + text(rng, 40)})
         async with gate:
-            r = await http.post("/v1/chat/completions", headers={"X-Session-Id": sid},
+            r = await http.post("/v1/chat/completions", headers={} if stateless else {"X-Session-Id": sid},
                                 json={"messages": history, "max_tokens": 6})
         if r.status_code != 200:
             errors.append(f"{sid} turn {turn}: {r.status_code} {r.text[:200]}")
@@ -79,16 +81,18 @@ async def session(http: httpx.AsyncClient, sid: str, turns: int, gate: asyncio.S
     return history
 
 
-async def drive(base: str, n_sessions: int, turns: int, concurrency: int) -> tuple[dict[str, list], list[str]]:
+async def drive(base: str, n_sessions: int, turns: int, concurrency: int,
+                stateless: bool = False) -> tuple[dict[str, list], list[str]]:
     gate = asyncio.Semaphore(concurrency)
     errors: list[str] = []
     async with httpx.AsyncClient(base_url=base, timeout=300) as http:
         ids = [f"soak-{i:03d}" for i in range(n_sessions)]
-        histories = await asyncio.gather(*(session(http, sid, turns, gate, errors) for sid in ids))
+        histories = await asyncio.gather(*(session(http, sid, turns, gate, errors, stateless) for sid in ids))
     return dict(zip(ids, histories, strict=True)), errors
 
 
-def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 100, turns: int = 10) -> dict[str, Any]:
+def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 100, turns: int = 10,
+        stateless: bool = False) -> dict[str, Any]:
     redis_bin = shutil.which("redis-server")
     if redis_bin is None:
         raise RuntimeError("the soak needs redis-server (ops/test.sh installs it)")
@@ -112,14 +116,16 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 100
             th.start()
             progress(f"soak: {n_sessions} sessions x {turns} turns")
             t0 = time.perf_counter()
-            histories, errors = asyncio.run(drive(base, n_sessions, turns, 8))
+            histories, errors = asyncio.run(drive(base, n_sessions, turns, 8, stateless))
             wall = time.perf_counter() - t0
             time.sleep(2)  # let the store writer land the last records
             stop.set()
             th.join()
             client = redis.Redis(port=rport)
+            # a named session's record is checked against its client's history; an implicit
+            # one's id is the server's, so stateless runs check every reply's record instead
             intact = sum(orjson.loads(client.get(f"specgate:session:anonymous:{sid}") or b"{}").get("history")
-                         == h for sid, h in histories.items())
+                         == h for sid, h in histories.items()) if not stateless else None
             final = scrape(base)
     finally:
         stop.set()
@@ -127,7 +133,8 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 100
         shutil.rmtree(spill, ignore_errors=True)
     rss = [s["rss_mb"] for s in samples]
     third = max(1, len(rss) // 3)
-    summary = {"sessions": n_sessions, "turns": turns, "requests": n_sessions * turns, "wall_s": round(wall, 1),
+    summary = {"stateless": stateless, "sessions": n_sessions, "turns": turns, "requests": n_sessions * turns,
+               "wall_s": round(wall, 1),
                "errors": len(errors), "histories_intact": intact, "rss_mb_start": rss[0] if rss else None,
                "rss_mb_max": max(rss, default=None), "rss_mb_end": rss[-1] if rss else None,
                "rss_mb_mean_first_third": round(sum(rss[:third]) / third, 1) if rss else None,
