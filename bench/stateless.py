@@ -49,7 +49,8 @@ async def agent(base: str, turns: list[dict[str, Any]], label: str, named: bool)
             prompt = int(t.get("context_n") or (t.get("prompt_n", 0) + cached))
             rows.append({"turn": i + 1, "prompt_tokens": prompt, "reused_tokens": cached,
                          "ttft_s": round(r["ttft_s"], 3), "server_ttft_ms": t.get("ttft_ms"),
-                         "specprefill": t.get("specprefill"), "tool_calls": len(r["tool_calls"])})
+                         "specprefill": t.get("specprefill"), "tool_calls": len(r["tool_calls"]),
+                         "predicted_n": t.get("predicted_n"), "total_s": round(r["total_s"], 3)})
             progress(f"{label} turn {i + 1}: prompt {prompt} reused {cached} ttft {r['ttft_s']:.2f}s")
             reply: dict[str, Any] = {"role": "assistant", "content": r["answer"] or None}
             if r["tool_calls"]:
