@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.config import EngineConfig, PrefillPolicy, build
+from core.config import EngineConfig
 from core.errors import ConfigError
 from core.llama import model_files
+from core.loader import build
+from core.policies import PrefillPolicy
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
              "long_prefill", "scorers", "constrained", "stateless")

@@ -8,7 +8,9 @@ from typing import Any
 
 from bench.common import progress, write_result
 from bench.textgen import WORDS_PER_TOKEN, build
-from core.config import EngineConfig, PrefillPolicy, SamplingParams, TurnParams, override
+from core.config import EngineConfig
+from core.loader import override
+from core.policies import PrefillPolicy, SamplingParams, TurnParams
 
 
 def run(engine_cfg: EngineConfig, policy: PrefillPolicy, lengths: list[int], out: Path) -> list[dict[str, Any]]:

@@ -16,7 +16,9 @@ from typing import Any
 
 from bench.common import progress, write_result
 from bench.textgen import WORDS_PER_TOKEN, agent_turn
-from core.config import EngineConfig, PrefillPolicy, SamplingParams, TurnParams, override
+from core.config import EngineConfig
+from core.loader import override
+from core.policies import PrefillPolicy, SamplingParams, TurnParams
 from core.specprefill.cost_model import Costs
 
 TIE = 0.10

@@ -15,7 +15,9 @@ from typing import Any
 
 from bench.common import progress, write_result
 from bench.textgen import WORDS_PER_TOKEN, agent_turn
-from core.config import EngineConfig, PrefillPolicy, SamplingParams, TurnParams, override
+from core.config import EngineConfig
+from core.loader import override
+from core.policies import PrefillPolicy, SamplingParams, TurnParams
 
 TODAY = "speculator-full/max"  # the default scorer and aggregation
 

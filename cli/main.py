@@ -1,6 +1,6 @@
 """The ``specgate`` console script: one parser, one subcommand per tool.
 
-Every option defaults to None so that core.config.build applies the one
+Every option defaults to None so that core.loader.build applies the one
 documented precedence: flag > SPECGATE_* environment variable > default.
 """
 
@@ -10,16 +10,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from core.config import (
-    DecodingPolicy,
-    EngineConfig,
-    GatewayConfig,
-    PrefillPolicy,
-    SamplingParams,
-    field_default,
-    flat_fields,
-)
+from core.config import EngineConfig
 from core.errors import SpecGateError
+from core.loader import field_default, flat_fields
+from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams
+from gateway.serve_config import GatewayConfig
 
 HELP = {
     "enabled": "run SpecPrefill at all",

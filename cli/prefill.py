@@ -10,10 +10,12 @@ from typing import Any
 import orjson
 
 from core.chat import ChatTemplate
-from core.config import DecodingPolicy, EngineConfig, PrefillPolicy, SamplingParams, TurnParams, build, override
+from core.config import EngineConfig
 from core.engine import Engine
 from core.errors import InvalidRequest
 from core.llama.model_files import with_default_models
+from core.loader import build, override
+from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams
 from core.prompt import Prompt
 from core.results import Result
 

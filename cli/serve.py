@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from core.config import ServeConfig
+    from gateway.serve_config import ServeConfig
 
 
 async def serve(config: ServeConfig) -> None:
@@ -47,9 +47,10 @@ async def serve(config: ServeConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core.config import ServeConfig, build, override
     from core.llama.model_files import with_default_models
+    from core.loader import build, override
     from gateway.logs import configure
+    from gateway.serve_config import ServeConfig
 
     config = build(ServeConfig, vars(args))
     config = override(config, engine=with_default_models(config.engine))

@@ -18,7 +18,7 @@ import numpy as np
 
 from core import startup
 from core.chat import ChatTemplate
-from core.config import DecodeMode, DecodingPolicy, EngineConfig, PrefillPolicy, SamplingParams, TurnParams
+from core.config import EngineConfig
 from core.decoding import layer_map
 from core.decoding.decode import Generation, OnText, generate
 from core.decoding.specattn import SparseVerify, layer_weights
@@ -28,6 +28,7 @@ from core.llama.capture import AttentionCapture
 from core.llama.context import Context, Seq
 from core.llama.model import Model
 from core.llama.scorer_cuts import scoring_model
+from core.policies import DecodeMode, DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams
 from core.prompt import Prompt
 from core.results import Result, Timings
 from core.runtime.steps import Tokens, TurnSteps, drive

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from core.config import DecodeMode
+from core.policies import DecodeMode
 from core.specprefill.planner import Status
 
 

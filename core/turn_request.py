@@ -14,8 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from core.config import TurnParams
 from core.decoding.decode import OnText
+from core.policies import TurnParams
 from core.prompt import Prompt
 
 if TYPE_CHECKING:

@@ -20,8 +20,9 @@ import numpy as np
 
 from bench.common import progress, write_result
 from bench.derived_models import derived
-from core.config import EngineConfig, PrefillPolicy, SamplingParams, Selection, TurnParams
+from core.config import EngineConfig
 from core.llama import model_files
+from core.policies import PrefillPolicy, SamplingParams, Selection, TurnParams
 from core.prompt import Prompt
 from core.results import Timings
 from core.runtime.steps import drive

@@ -16,9 +16,10 @@ from typing import Any
 
 from bench.common import progress
 from core import corpus
-from core.config import DecodingPolicy, EngineConfig, PrefillPolicy, SamplingParams, TurnParams
+from core.config import EngineConfig
 from core.engine import Engine
 from core.llama.context import VIEW_SEQ
+from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams
 from core.session_kv import SessionKV
 
 DOCUMENT = "stdlib:argparse.py"

@@ -21,8 +21,9 @@ import orjson
 import structlog
 from aiohttp import web
 
-from core.config import DEFAULT_LIMITS, Limits, TurnParams
+from core.config import DEFAULT_LIMITS, Limits
 from core.errors import InvalidRequest
+from core.policies import TurnParams
 from gateway import keys, protocol, sse
 from gateway import messages as wire
 from gateway.bodies import json_response, read_json

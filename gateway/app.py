@@ -21,12 +21,13 @@ import aiohttp
 import structlog
 from aiohttp import WSCloseCode, web
 
-from core.config import GatewayConfig, ServeConfig, TurnParams
+from core.policies import TurnParams
 from core.runtime.worker import ModelState, ModelWorker
 from gateway import anthropic_messages, auth, http_api, keys, openai_chat, openai_responses, openapi, ws_api
 from gateway.error_responses import REJECTED, Handler, error_middleware
 from gateway.forward import route_to_owner, tag_replica
 from gateway.metrics import Metrics
+from gateway.serve_config import GatewayConfig, ServeConfig
 from gateway.turns import TurnRunner
 from sessions.admission import FairAdmission
 from sessions.manager import SessionManager

@@ -20,8 +20,8 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from core.config import GatewayConfig
 from core.errors import ConfigError, Unauthorized
+from gateway.serve_config import GatewayConfig
 
 log = structlog.get_logger("specgate.auth")
 ANONYMOUS = "anonymous"

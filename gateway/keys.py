@@ -5,10 +5,11 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from core.config import ServeConfig, TurnParams
+from core.policies import TurnParams
 from core.runtime.worker import ModelWorker
 from gateway.auth import ApiKeys
 from gateway.metrics import Metrics
+from gateway.serve_config import ServeConfig
 from gateway.turns import TurnRunner
 from sessions.admission import FairAdmission
 from sessions.manager import SessionManager

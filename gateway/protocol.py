@@ -14,19 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.config import (
-    DEFAULT_LIMITS,
-    DecodingPolicy,
-    Limits,
-    PrefillPolicy,
-    SamplingParams,
-    TurnParams,
-    override,
-    request_bounds,
-)
+from core.config import DEFAULT_LIMITS, Limits
 from core.decoding import constraints
 from core.decoding.constraints import Constraint
 from core.errors import ConfigError, InvalidRequest
+from core.loader import override
+from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams, request_bounds
 from core.results import Result, Timings
 from gateway import messages as wire
 from gateway import tool_calls

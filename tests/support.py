@@ -11,18 +11,11 @@ import pytest
 
 from bench.common import free_port
 from bench.derived_models import derived
-from core.config import (
-    DecodingPolicy,
-    EngineConfig,
-    GatewayConfig,
-    PrefillPolicy,
-    SamplingParams,
-    Selection,
-    ServeConfig,
-    TurnParams,
-    override,
-)
+from core.config import EngineConfig
 from core.llama import model_files
+from core.loader import override
+from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, Selection, TurnParams
+from gateway.serve_config import GatewayConfig, ServeConfig
 
 # what the gateway tests serve by default: SpecPrefill on every prompt, no break-even
 TEST_PREFILL = PrefillPolicy(min_tokens=0, break_even=False, selection=Selection(mass=0.6))

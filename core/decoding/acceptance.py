@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from core.config import SamplingParams
+from core.policies import SamplingParams
 
 
 def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

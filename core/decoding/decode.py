@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import llama_cpp
 
-from core.config import SamplingParams
 from core.decoding.guided import Guide
 from core.decoding.stop import StopMatcher
 from core.llama.context import Context, Seq
 from core.llama.model import Model
+from core.policies import SamplingParams
 from core.runtime.steps import Tokens, TurnSteps
 
 # Called with each new piece of text; return False to stop generating (client gone, cancel).

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.config import SamplingParams
 from core.decoding.acceptance import accept_greedy, accept_stochastic, distribution, sample
 from core.decoding.decode import Generation, OnText, TextStream
 from core.decoding.specattn import SparseVerify, view_spans
 from core.llama.capture import AttentionCapture
 from core.llama.context import Seq
+from core.policies import SamplingParams
 from core.results import SpeculativeStats
 from core.runtime.steps import TurnSteps
 

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.config import EngineConfig, override
+from core.config import EngineConfig
 from core.errors import FetchError
+from core.loader import override
 
 Progress = Callable[[str], None]
 

@@ -16,9 +16,9 @@ import os
 import re
 from pathlib import Path
 
-from core.config import Scorer, ScorerKind
 from core.errors import ConfigError
 from core.llama import model_files
+from core.policies import Scorer, ScorerKind
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.config import PrefillPolicy
+from core.policies import PrefillPolicy
 from core.prompt import Prompt, Span
 
 STRUCT_HEAD = 4  # "<|im_start|>role\n": the first span opens with its header

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from core.config import PrefillPolicy
+from core.policies import PrefillPolicy
 from core.specprefill.cost_model import Costs, Work, estimate
 from core.specprefill.guard import GuardVerdict
 

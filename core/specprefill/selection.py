@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from core.config import Selection
+from core.policies import Selection
 
 
 def chunk_means(scores: np.ndarray, chunk: int) -> np.ndarray:

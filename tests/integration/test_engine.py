@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from core.chat import ChatTemplate
-from core.config import EngineConfig, SamplingParams
+from core.config import EngineConfig
 from core.engine import Engine
 from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, TurnCancelled, VocabMismatch
+from core.policies import SamplingParams
 from core.prompt import Prompt
 from core.runtime.steps import drive
 from core.specprefill.prefill import sparse_prefill

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.textgen import agent_turn
-from core.config import PrefillPolicy
+from core.policies import PrefillPolicy
 from core.specprefill.guard import STRUCT_TAIL
 
 

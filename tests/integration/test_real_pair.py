@@ -8,9 +8,10 @@ import random
 import pytest
 
 from core.chat import ChatTemplate
-from core.config import EngineConfig, SamplingParams
+from core.config import EngineConfig
 from core.engine import Engine
 from core.llama import model_files
+from core.policies import SamplingParams
 from tests.support import policy, real_model, with_sampling
 
 pytestmark = pytest.mark.real
@@ -112,7 +113,7 @@ def test_agent_turn_with_a_long_tool_result_runs_active_and_the_next_call_parses
     import openai
 
     from bench.textgen import AGENT_TOOLS, filler
-    from core.config import PrefillPolicy
+    from core.policies import PrefillPolicy
     from tests.support import start_gateway
 
     rng = random.Random(5)

@@ -133,8 +133,8 @@ def test_bad_fields_get_4xx_and_leave_the_session_intact(gw, extra, status):
 
 
 def test_a_flood_of_tiny_messages_is_refused_before_the_model_thread():
-    from core.config import TurnParams
     from core.errors import RequestTooLarge
+    from core.policies import TurnParams
     from gateway import protocol
 
     body = {"messages": [{"role": "user", "content": "x"}] * 20_000}

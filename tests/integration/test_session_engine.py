@@ -7,7 +7,7 @@ import contextlib
 import numpy as np
 
 from core.chat import ChatTemplate
-from core.config import SamplingParams
+from core.policies import SamplingParams
 from core.prompt import Prompt
 from core.results import Timings
 from core.runtime.steps import drive

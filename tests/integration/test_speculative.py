@@ -10,7 +10,7 @@ import copy
 import numpy as np
 import pytest
 
-from core.config import SamplingParams
+from core.policies import SamplingParams
 from core.session_kv import SessionKV
 from tests.support import policy, with_sampling
 

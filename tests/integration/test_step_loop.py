@@ -11,9 +11,9 @@ import concurrent.futures
 
 import pytest
 
-from core.config import SamplingParams
 from core.engine import Engine
 from core.errors import TurnCancelled
+from core.policies import SamplingParams
 from core.runtime.step_loop import Job, StepLoop
 from core.runtime.steps import Wait
 from tests.support import engine_config, policy, with_sampling

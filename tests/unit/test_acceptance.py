@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.config import SamplingParams
 from core.decoding.acceptance import accept_greedy, accept_stochastic, distribution, sample
 from core.decoding.specattn import SparseVerify, layer_weights, proportional_map, select_cells, view_spans
+from core.policies import SamplingParams
 
 
 def softmax(z: np.ndarray) -> np.ndarray:

@@ -1,19 +1,10 @@
 import pytest
 
-from core.config import (
-    DecodingPolicy,
-    EngineConfig,
-    PrefillPolicy,
-    SamplingParams,
-    Scorer,
-    ScorerKind,
-    Selection,
-    ServeConfig,
-    TurnParams,
-    build,
-    override,
-)
+from core.config import EngineConfig
 from core.errors import ConfigError
+from core.loader import build, override
+from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, Scorer, ScorerKind, Selection, TurnParams
+from gateway.serve_config import ServeConfig
 
 
 def test_precedence_flag_over_env_over_default():

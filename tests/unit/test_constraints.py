@@ -6,9 +6,9 @@ from __future__ import annotations
 import llguidance
 import pytest
 
-from core.config import TurnParams
 from core.decoding import constraints
 from core.errors import InvalidRequest
+from core.policies import TurnParams
 from gateway import messages, protocol, tool_calls
 
 QWEN = constraints.SYNTAXES["qwen"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.config import PrefillPolicy, Selection
+from core.policies import PrefillPolicy, Selection
 from evals.answer_quality import Setting, kept_for, retention_ci, settings, wilson
 from evals.tasks import FAMILIES, TOOLS, generate
 

@@ -6,11 +6,13 @@ import asyncio
 
 import pytest
 
-from core.config import GatewayConfig, Limits, TurnParams
+from core.config import Limits
 from core.errors import InvalidRequest, RequestTooLarge, StoreUnavailable, Unauthorized
+from core.policies import TurnParams
 from gateway import protocol
 from gateway.auth import ANONYMOUS, ApiKeys
 from gateway.messages import depth
+from gateway.serve_config import GatewayConfig
 from sessions.ids import check_id
 from sessions.metadata import MemoryStore
 from sessions.parked_kv import HEADER, ParkedKV, frame, unframe

@@ -3,7 +3,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from core.config import PrefillPolicy
+from core.policies import PrefillPolicy
 from core.prompt import Prompt, Span
 from core.session_kv import SeqState, cached_indices, plan_speculator_sync
 from core.specprefill.cost_model import Costs, PrefillCost, Work, estimate, features

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from core.chat import for_template
-from core.config import TurnParams
 from core.errors import ConfigError, InvalidRequest
+from core.policies import TurnParams
 from core.results import Result, SpeculativeStats, Timings
 from gateway import openai_chat_objects, protocol, tool_calls
 

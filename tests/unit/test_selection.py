@@ -2,7 +2,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from core.config import Selection
+from core.policies import Selection
 from core.specprefill.selection import (
     cap_chunks,
     chunk_means,
