@@ -12,7 +12,7 @@ worker thread (core.runtime.worker), never from the event loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
@@ -25,28 +25,27 @@ from core.decoding.specattn import SparseVerify, layer_weights
 from core.decoding.speculative import SpeculativeDecoder
 from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong
 from core.llama.capture import AttentionCapture
-from core.llama.context import Context, Seq
+from core.llama.context import Context
 from core.llama.model import Model
 from core.llama.scorer_cuts import scoring_model
 from core.policies import DecodeMode, DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams
 from core.prompt import Prompt
 from core.results import Result, Timings
-from core.runtime.steps import Tokens, TurnSteps, drive
+from core.runtime.steps import TurnSteps, drive
 from core.session_kv import (
-    SeqState,
     SessionKV,
     SpeculatorSync,
     cached_indices,
     common_prefix,
-    dense_prefix,
-    plan_speculator_sync,
 )
+from core.slot_kv import SlotKV
 from core.specprefill import guard as tool_guard
 from core.specprefill import planner
 from core.specprefill.cost_model import Costs, Work
 from core.specprefill.prefill import sparse_prefill
 from core.specprefill.scoring import importance
 from core.specprefill.selection import forced_mask, runs, select_tokens
+from core.speculator import Speculator, rollback
 
 
 class Engine:
@@ -82,6 +81,8 @@ class Engine:
         self.chat = ChatTemplate(self.target)
         self.layer_map = layer_map.load(self.target, self.speculator, config.layer_map)
         self.costs = Costs()
+        self.spec = Speculator(self.speculator_ctx, self.capture, self.costs, self._calls)
+        self.slot_kv = SlotKV(self.target_ctx, self.speculator_ctx, self.costs, self._calls)
         if config.calibrate_tokens:
             self.calibrate(config.calibrate_tokens)
 
@@ -92,57 +93,9 @@ class Engine:
         self.speculator.close()
         self.target.close()
 
-    # -- session KV residency -------------------------------------------------
     @property
     def slots(self) -> int:
         return self.target_ctx.n_seq
-
-    def save_kv(self, slot: int = 0) -> tuple[bytes, bytes]:
-        """The KV of both models in ``slot``, serialized."""
-        return self.target_ctx.seq(slot).save(), self.speculator_ctx.seq(slot).save()
-
-    def load_kv(self, blobs: tuple[bytes, bytes] | None, slot: int = 0) -> None:
-        """Restore a saved session into ``slot``; None empties it (a fresh or evicted session)."""
-        target, speculator = blobs or (b"", b"")
-        self.target_ctx.seq(slot).load(target)
-        self.speculator_ctx.seq(slot).load(speculator)
-
-    def adopt_prefix(self, tokens: tuple[int, ...], kv: SessionKV, slot: int, donor: SessionKV,
-                     donor_slot: int, min_tokens: int = 32) -> int:
-        """Start the empty ``slot`` with the KV of the longest prefix of ``tokens`` that
-        ``donor`` (resident in ``donor_slot``, idle) holds densely, in both models; returns
-        the target tokens adopted.  Only tokens ``tokens`` itself carries are adopted, so a
-        session never gains another's private context.  Between split streams the copy
-        is a buffer copy, done before the next decode of that context."""
-        adopted = 0
-        for ctx, mine, theirs in ((self.target_ctx, kv.target, donor.target),
-                                  (self.speculator_ctx, kv.speculator, donor.speculator)):
-            n = min(dense_prefix(theirs, tokens), len(tokens) - 1)
-            if n < min_tokens or mine.tokens:
-                continue
-            ctx.copy_seq(donor_slot, slot)
-            ctx.seq(slot).remove_from(n)
-            mine.extend(tokens[:n], range(n))
-            if ctx is self.target_ctx:
-                adopted = n
-        return adopted
-
-    def prefill_prefix(self, tokens: tuple[int, ...], kv: SessionKV, slot: int) -> TurnSteps[tuple[bytes, bytes]]:
-        """Prefill ``tokens`` densely into the empty ``slot`` in both models (requests to the
-        step loop), and return both sequences' state: a shared prefix's cache entry."""
-        for ctx, state, cost in ((self.target_ctx, kv.target, self.costs.target),
-                                 (self.speculator_ctx, kv.speculator, self.costs.speculator)):
-            t0 = time.perf_counter()
-            yield Tokens(ctx.seq(slot), tokens, 0, logits=False)
-            cost.observe(len(tokens), 0, self._calls(len(tokens)), time.perf_counter() - t0)
-            state.extend(tokens, range(len(tokens)))
-        return self.save_kv(slot)
-
-    def restore_prefix(self, blobs: tuple[bytes, bytes], tokens: tuple[int, ...], kv: SessionKV, slot: int) -> None:
-        """Start the empty ``slot`` from a shared prefix's state (:meth:`prefill_prefix`)."""
-        self.load_kv(blobs, slot)
-        for state in (kv.target, kv.speculator):
-            state.extend(tokens, range(len(tokens)))
 
     # -- measurement --------------------------------------------------------
     def calibrate(self, n_tokens: int) -> None:
@@ -170,11 +123,11 @@ class Engine:
              costs: Costs | None = None, sync: SpeculatorSync | None = None) -> planner.Plan:
         """The planner's decision for ``prompt`` against a session's caches (none: fresh),
         with the engine's measured costs unless others are given, and the speculator
-        reaching the prompt as ``sync`` says (else as :meth:`speculator_sync` decides)."""
+        reaching the prompt as ``sync`` says (else as :meth:`Speculator.plan_sync` decides)."""
         kv = kv or SessionKV()
         n = len(prompt)
         q = min(common_prefix(kv.target.tokens, prompt.tokens), n - 1)
-        sync = sync or self.speculator_sync(kv, prompt.tokens[:-1])
+        sync = sync or self.spec.plan_sync(kv, prompt.tokens[:-1])
         scanned = "".join(self.target.detokenize(prompt.tokens[a:b], special=True)
                           for a, b in tool_guard.scan_spans(prompt, policy.guard_scan_tokens))
         verdict = tool_guard.inspect(prompt, scanned, policy)
@@ -185,92 +138,12 @@ class Engine:
                     n_rebuild=sync.n_rebuild, rebuild_runs=sync.rebuild_runs)
         return planner.plan(work, policy, verdict, costs or self.costs)
 
-    def speculator_sync(self, kv: SessionKV, tokens: Sequence[int]) -> SpeculatorSync:
-        """How the speculator reaches ``tokens`` for scoring: as it is, or rebuilt as the
-        target's mirror when that is cheaper by the measured costs (core.session_kv)."""
-        return plan_speculator_sync(kv.speculator, kv.target, tokens, self.costs.speculator.seconds, self._calls)
-
     def score(self, kv: SessionKV, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings,
               slot: int = 0, sync: SpeculatorSync | None = None) -> TurnSteps[np.ndarray]:
-        """Per-token importance over all of ``tokens`` (see :meth:`capture_steps`)."""
-        steps = yield from self.capture_steps(kv, tokens, policy.lookahead, t, slot, sync)
+        """Per-token importance over all of ``tokens`` (see :meth:`Speculator.capture_steps`)."""
+        steps = yield from self.spec.capture_steps(kv, tokens, policy.lookahead, t, slot, sync)
         return importance(steps, len(tokens), policy.pool_kernel, policy.boost_first_n, policy.boost_first_mult,
                           policy.boost_last_n, policy.boost_last_mult, policy.score_agg)
-
-    def capture_steps(self, kv_all: SessionKV, tokens: tuple[int, ...], lookahead: int, t: Timings,
-                      slot: int = 0, sync: SpeculatorSync | None = None) -> TurnSteps[list[np.ndarray]]:
-        """Prefill the speculator's missing tokens without capture (a request to the step
-        loop), then capture the last prompt token's row and ``lookahead`` greedy steps:
-        [n_layer, n_head, n] each, one column per logical token (zero where the speculator
-        holds no cell, see core.session_kv).  The captured steps run inline: the capture
-        hook must see this sequence's row alone."""
-        seq, n, kv = self.speculator_ctx.seq(slot), len(tokens), kv_all.speculator
-        t0 = time.perf_counter()
-        sync = sync or self.speculator_sync(kv_all, tokens[:-1])
-        base = yield from self._sync_speculator(seq, kv, tokens[:-1], t, sync)
-        t1 = time.perf_counter()
-        columns = np.asarray(cached_indices(kv) + [n - 1])  # cell i holds logical token columns[i]
-        steps = []
-        tok = tokens[-1]
-        for step in range(lookahead + 1):
-            pos = base + step
-            if pos >= seq.n_ctx:
-                break
-            self.capture.start(columns.size)
-            t_step = time.perf_counter()
-            try:
-                seq.decode([tok], pos)
-            finally:
-                rows = self.capture.stop()
-            self.costs.speculator_step.observe(1, columns.size + step, 1, time.perf_counter() - t_step)
-            steps.append(rows if columns.size == n else _scatter(rows, columns, n))
-            tok = int(np.argmax(seq.logits()))
-        seq.remove_from(base + 1)  # lookahead tokens are not context
-        kv.extend([tokens[-1]], [base])
-        t.speculator_prefill_n += 1
-        t2 = time.perf_counter()
-        t.speculator_prefill_ms = (t1 - t0) * 1e3
-        t.lookahead_ms = (t2 - t1) * 1e3
-        return steps
-
-    @staticmethod
-    def _rollback(seq: Seq, kv: SeqState, n_keep: int) -> None:
-        """Keep the longest common prefix ``n_keep`` and cut the cache after it."""
-        if n_keep < len(kv.tokens):
-            seq.remove_from(kv.truncate(n_keep))
-
-    def _sync_speculator(self, seq: Seq, kv: SeqState, tokens: Sequence[int], t: Timings,
-                         sync: SpeculatorSync | None = None) -> TurnSteps[int]:
-        """Bring the speculator's sequence to exactly ``tokens``, rebuilt as ``sync`` says;
-        returns the next position.  Every such prefill also refreshes the measured
-        speculator speed."""
-        if sync is not None and sync.rebuild is not None:
-            yield from self._mirror(seq, kv, tokens[:sync.start], np.asarray(sync.rebuild), t)
-        else:
-            self._rollback(seq, kv, min(common_prefix(kv.tokens, tokens), len(tokens)))
-        delta = tokens[len(kv.tokens):]
-        base = kv.next_pos
-        if delta:
-            t0 = time.perf_counter()
-            yield Tokens(seq, delta, base, logits=False)
-            self.costs.speculator.observe(len(delta), base, self._calls(len(delta)), time.perf_counter() - t0)
-            kv.extend(delta, range(base, base + len(delta)))
-            t.speculator_prefill_n += len(delta)
-        return base + len(delta)
-
-    def _mirror(self, seq: Seq, kv: SeqState, history: Sequence[int], held: np.ndarray, t: Timings) -> TurnSteps[None]:
-        """Empty the speculator's sequence and prefill only ``history[held]`` (the target's
-        cells) at their logical positions, so later tokens attend to what the target kept."""
-        seq.clear()
-        kv.reset()
-        t0 = time.perf_counter()
-        yield from sparse_prefill(seq, history, held, "original", 0)
-        self.costs.speculator.observe(int(held.size), 0, len(runs(held)), time.perf_counter() - t0)
-        positions = np.full(len(history), -1)
-        positions[held] = held
-        kv.extend(history, positions.tolist())
-        t.speculator_prefill_n += int(held.size)
-        t.speculator_mirrored_n = int(held.size)
 
     def run(self, prompt: Prompt, params: TurnParams, on_text: OnText | None = None,
             kv: SessionKV | None = None, abort: Callable[[], bool] | None = None, slot: int = 0) -> Result:
@@ -306,11 +179,11 @@ class Engine:
         # the last prompt token is always decoded again: its logits start generation
         q = min(common_prefix(kv.target.tokens, tokens), n - 1)
         p = min(common_prefix(kv.speculator.tokens, tokens), n - 1)
-        self._rollback(target, kv.target, q)
+        rollback(target, kv.target, q)
         delta = tokens[q:]
         t = Timings(position_mode=policy.position_mode, context_n=n, cache_n=q,
                     speculator_cache_n=p)
-        sync = self.speculator_sync(kv, tokens[:-1])  # decided once: the plan and the scoring agree
+        sync = self.spec.plan_sync(kv, tokens[:-1])  # decided once: the plan and the scoring agree
         decision = self.plan(prompt, policy, kv, sync=sync)
         t.specprefill, t.specprefill_reason = decision.status.value, decision.reason
         kept = np.arange(len(delta))
@@ -378,7 +251,7 @@ class Engine:
         def draft_ready() -> tuple[list[int], int, list[int]]:
             t0 = time.perf_counter()
             if kv.speculator.tokens != list(prompt):
-                base = drive(self._sync_speculator(draft, kv.speculator, prompt[:-1], t))
+                base = drive(self.spec.sync(draft, kv.speculator, prompt[:-1], t))
                 pending, pos = [prompt[-1]], base
             else:
                 pending, pos = [], kv.speculator.next_pos
@@ -389,10 +262,3 @@ class Engine:
         kv.speculator.extend(out.draft_committed, range(out.draft_pos, out.draft_pos + len(out.draft_committed)))
         t.decode_mode, t.speculative = policy.mode.value, out.stats
         return out.gen
-
-
-def _scatter(rows: np.ndarray, columns: np.ndarray, n: int) -> np.ndarray:
-    """Captured rows over cells -> rows over ``n`` logical tokens (zero where no cell)."""
-    out = np.zeros(rows.shape[:2] + (n,), dtype=rows.dtype)
-    out[:, :, columns] = rows[:, :, :columns.size]
-    return out

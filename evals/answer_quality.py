@@ -104,7 +104,7 @@ def with_answer_prefix(engine: Engine, prompt: Prompt, prefix: str) -> Prompt:
 def capture(engine: Engine, tokens: tuple[int, ...]) -> tuple[list[np.ndarray], float]:
     engine.speculator_ctx.clear()
     t0 = time.perf_counter()
-    steps = drive(engine.capture_steps(SessionKV(), tokens, 8, Timings()))
+    steps = drive(engine.spec.capture_steps(SessionKV(), tokens, 8, Timings()))
     return steps, time.perf_counter() - t0
 
 

@@ -82,7 +82,7 @@ class Residency:
         """A running turn keeps its slot until it ends; it then gives the slot up (see
         :meth:`session_turn`)."""
         if (slot := self.slots.evict(session)) is not None:
-            engine.load_kv(None, slot)
+            engine.slot_kv.load(None, slot)
         self.parked.discard(session.key)
 
     def _park(self, engine: Engine, seat: Seat) -> list[str]:
@@ -91,7 +91,7 @@ class Residency:
         victim = seat.displaced
         if not isinstance(victim, Session) or victim.state is SessionState.DELETED or not self._holds(victim):
             return []  # deleted, expired or moved away: nothing to keep
-        evicted = self.parked.put(victim.key, engine.save_kv(seat.slot))  # deleted meanwhile: its drop follows
+        evicted = self.parked.put(victim.key, engine.slot_kv.save(seat.slot))  # deleted meanwhile: its drop follows
         for key in evicted:
             log.info("session_kv_evicted", session_key=key, spilled=self.parked.where(key) == "disk")
         return evicted
@@ -105,7 +105,7 @@ class Residency:
         evicted = self._park(engine, seat)
         kv, start = SessionKV(), PrefixStart()
         try:
-            engine.load_kv(None, seat.slot)
+            engine.slot_kv.load(None, seat.slot)
             start = yield from self._start_from_prefix(engine, work.owner, kv, prompt, seat.slot)
             evicted += start.evicted
             result = yield from engine.turn(prompt, work.params, work.sink, kv=kv, slot=seat.slot)
@@ -131,7 +131,7 @@ class Residency:
                     session.rebuilds += 1
                     rebuilt = True
                     log.info("session_kv_rebuild", session_id=session.id)
-                engine.load_kv(blobs, seat.slot)
+                engine.slot_kv.load(blobs, seat.slot)
                 if blobs is None:
                     start = yield from self._start_from_prefix(engine, session.owner, session.kv, prompt, seat.slot)
                     evicted += start.evicted
@@ -139,7 +139,7 @@ class Residency:
         except BaseException:
             # never leave bookkeeping that disagrees with the caches: the next turn rebuilds
             session.kv.reset()
-            engine.load_kv(None, seat.slot)
+            engine.slot_kv.load(None, seat.slot)
             raise
         finally:
             self.slots.release(seat.slot, keep=session.state is not SessionState.DELETED)
@@ -163,14 +163,14 @@ class Residency:
             self.prefixes.waits += 1
             yield Wait(lambda: not self.prefixes.building(key))
         if (blobs := self.prefixes.get(key)) is not None:
-            engine.restore_prefix(blobs, prompt.tokens[:n], kv, slot)
+            engine.slot_kv.restore_prefix(blobs, prompt.tokens[:n], kv, slot)
             self.prefixes.hits += 1
             return PrefixStart(shared=n, seconds=time.perf_counter() - t0)
         self.prefixes.misses += 1
         self.prefixes.begin(key)
         blobs = None
         try:
-            blobs = yield from engine.prefill_prefix(prompt.tokens[:n], kv, slot)
+            blobs = yield from engine.slot_kv.prefill_prefix(prompt.tokens[:n], kv, slot)
         finally:
             evicted = self.prefixes.finish(key, blobs)
         log.info("prefix_cached", tokens=n)
@@ -192,7 +192,7 @@ class Residency:
         if donor is None:
             return 0
         donor_slot, holder, _ = donor
-        shared = engine.adopt_prefix(tokens, kv, slot, holder.kv, donor_slot)
+        shared = engine.slot_kv.adopt_prefix(tokens, kv, slot, holder.kv, donor_slot)
         if shared:
             self.prefixes.adopted += 1
             log.info("session_prefix_shared", session_id=holder.id, tokens=shared, donor_slot=donor_slot)

@@ -38,7 +38,7 @@ def conversation(turns: int, replies: list[str]) -> list[list[dict]]:
 def test_second_turn_prefills_only_the_delta(tiny_engine):
     chat = ChatTemplate(tiny_engine.target)
     kv = SessionKV()
-    tiny_engine.load_kv(None)
+    tiny_engine.slot_kv.load(None)
     t1 = chat.render(conversation(1, [])[0])
     r1 = tiny_engine.run(t1, with_sampling(SPARSE, GREEDY), kv=kv)
     assert r1.timings.speculator_cache_n == 0 and r1.timings.speculator_prefill_n == len(t1)
@@ -62,7 +62,7 @@ def test_keep_all_session_matches_fresh_requests(smol_engine):
     tiny_engine = smol_engine
     chat = ChatTemplate(tiny_engine.target)
     kv = SessionKV()
-    tiny_engine.load_kv(None)
+    tiny_engine.slot_kv.load(None)
     replies: list[str] = []
     session_out, fresh_out = [], []
     for i in range(3):
@@ -82,7 +82,7 @@ def test_edited_history_rolls_back_to_common_prefix(smol_engine):
     tiny_engine = smol_engine
     chat = ChatTemplate(tiny_engine.target)
     kv = SessionKV()
-    tiny_engine.load_kv(None)
+    tiny_engine.slot_kv.load(None)
     first = conversation(1, [])[0]
     tiny_engine.run(chat.render(first), with_sampling(KEEP_ALL, GREEDY), kv=kv)
     edited = [first[0], {"role": "user", "content": doc(9) + " Which sensor read least?"}]
@@ -100,14 +100,14 @@ def test_saved_kv_restores_the_session(smol_engine):
     chat = ChatTemplate(tiny_engine.target)
     kv_a, kv_b = SessionKV(), SessionKV()
     conv = conversation(2, ["Sensor 4."])
-    tiny_engine.load_kv(None)
+    tiny_engine.slot_kv.load(None)
     tiny_engine.run(chat.render(conv[0]), with_sampling(KEEP_ALL, GREEDY), kv=kv_a)
-    saved = tiny_engine.save_kv()
+    saved = tiny_engine.slot_kv.save()
     assert len(saved[0]) > 0 and len(saved[1]) > 0
-    tiny_engine.load_kv(None)
+    tiny_engine.slot_kv.load(None)
     other = chat.render([{"role": "user", "content": "Other session."}])
     tiny_engine.run(other, with_sampling(KEEP_ALL, GREEDY), kv=kv_b)
-    tiny_engine.load_kv(saved)
+    tiny_engine.slot_kv.load(saved)
     prompt = chat.render(conv[1])
     resumed = tiny_engine.run(prompt, with_sampling(KEEP_ALL, GREEDY), kv=kv_a)
     assert resumed.timings.cache_n > 0
@@ -128,7 +128,7 @@ def attention_bound_speculator(engine):
 def sparse_first_turn(engine) -> tuple[SessionKV, Prompt]:
     """A fresh session after one sparse turn, and the next turn's prompt."""
     chat, kv = ChatTemplate(engine.target), SessionKV()
-    engine.load_kv(None)
+    engine.slot_kv.load(None)
     r1 = engine.run(chat.render(conversation(1, [])[0]), with_sampling(SPARSE, GREEDY), kv=kv)
     assert r1.timings.specprefill == "active" and r1.timings.speculator_mirrored_n == 0
     assert cached_indices(kv.target) != list(range(len(kv.target.tokens)))  # the target dropped part of it
@@ -156,7 +156,7 @@ def test_captured_columns_map_to_logical_tokens_on_a_mirrored_speculator(tiny_en
     kv, prompt = sparse_first_turn(tiny_engine)
     tokens = prompt.tokens
     with attention_bound_speculator(tiny_engine):
-        steps = drive(tiny_engine.capture_steps(kv, tokens, 2, Timings()))
+        steps = drive(tiny_engine.spec.capture_steps(kv, tokens, 2, Timings()))
     first = steps[0]
     assert first.shape[2] == len(tokens)
     dropped = [i for i, p in enumerate(kv.speculator.kv_pos) if p < 0]

@@ -1,0 +1,66 @@
+"""A slot's KV in both models as whole units: saved and restored (parking, spill),
+started from another resident session's dense prefix (a copy inside each context),
+or from a shared prefix's saved state (the prefix cache)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from core.llama.context import Context
+from core.runtime.steps import Tokens, TurnSteps
+from core.session_kv import SessionKV, dense_prefix
+from core.specprefill.cost_model import Costs
+
+
+class SlotKV:
+    def __init__(self, target_ctx: Context, speculator_ctx: Context, costs: Costs,
+                 calls: Callable[[int], int]) -> None:
+        self.target_ctx, self.speculator_ctx, self.costs, self.calls = target_ctx, speculator_ctx, costs, calls
+
+    def save(self, slot: int = 0) -> tuple[bytes, bytes]:
+        """The KV of both models in ``slot``, serialized."""
+        return self.target_ctx.seq(slot).save(), self.speculator_ctx.seq(slot).save()
+
+    def load(self, blobs: tuple[bytes, bytes] | None, slot: int = 0) -> None:
+        """Restore a saved session into ``slot``; None empties it (a fresh or evicted session)."""
+        target, speculator = blobs or (b"", b"")
+        self.target_ctx.seq(slot).load(target)
+        self.speculator_ctx.seq(slot).load(speculator)
+
+    def adopt_prefix(self, tokens: tuple[int, ...], kv: SessionKV, slot: int, donor: SessionKV,
+                     donor_slot: int, min_tokens: int = 32) -> int:
+        """Start the empty ``slot`` with the KV of the longest prefix of ``tokens`` that
+        ``donor`` (resident in ``donor_slot``, idle) holds densely, in both models; returns
+        the target tokens adopted.  Only tokens ``tokens`` itself carries are adopted, so a
+        session never gains another's private context.  Between split streams the copy
+        is a buffer copy, done before the next decode of that context."""
+        adopted = 0
+        for ctx, mine, theirs in ((self.target_ctx, kv.target, donor.target),
+                                  (self.speculator_ctx, kv.speculator, donor.speculator)):
+            n = min(dense_prefix(theirs, tokens), len(tokens) - 1)
+            if n < min_tokens or mine.tokens:
+                continue
+            ctx.copy_seq(donor_slot, slot)
+            ctx.seq(slot).remove_from(n)
+            mine.extend(tokens[:n], range(n))
+            if ctx is self.target_ctx:
+                adopted = n
+        return adopted
+
+    def prefill_prefix(self, tokens: tuple[int, ...], kv: SessionKV, slot: int) -> TurnSteps[tuple[bytes, bytes]]:
+        """Prefill ``tokens`` densely into the empty ``slot`` in both models (requests to the
+        step loop), and return both sequences' state: a shared prefix's cache entry."""
+        for ctx, state, cost in ((self.target_ctx, kv.target, self.costs.target),
+                                 (self.speculator_ctx, kv.speculator, self.costs.speculator)):
+            t0 = time.perf_counter()
+            yield Tokens(ctx.seq(slot), tokens, 0, logits=False)
+            cost.observe(len(tokens), 0, self.calls(len(tokens)), time.perf_counter() - t0)
+            state.extend(tokens, range(len(tokens)))
+        return self.save(slot)
+
+    def restore_prefix(self, blobs: tuple[bytes, bytes], tokens: tuple[int, ...], kv: SessionKV, slot: int) -> None:
+        """Start the empty ``slot`` from a shared prefix's state (:meth:`prefill_prefix`)."""
+        self.load(blobs, slot)
+        for state in (kv.target, kv.speculator):
+            state.extend(tokens, range(len(tokens)))

@@ -1,0 +1,121 @@
+"""The scoring model's side of a turn: keeping each sequence in step with the prompt
+(cut back to the common prefix, or rebuilt as the sparse target's mirror when that
+is cheaper) and capturing the attention rows SpecPrefill scores from.  The target's
+side of the turn is the engine's (core.engine)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from core.llama.capture import AttentionCapture
+from core.llama.context import Context, Seq
+from core.results import Timings
+from core.runtime.steps import Tokens, TurnSteps
+from core.session_kv import (
+    SeqState,
+    SessionKV,
+    SpeculatorSync,
+    cached_indices,
+    common_prefix,
+    plan_speculator_sync,
+)
+from core.specprefill.cost_model import Costs
+from core.specprefill.prefill import sparse_prefill
+from core.specprefill.selection import runs
+
+
+def rollback(seq: Seq, kv: SeqState, n_keep: int) -> None:
+    """Keep the longest common prefix ``n_keep`` and cut the cache after it."""
+    if n_keep < len(kv.tokens):
+        seq.remove_from(kv.truncate(n_keep))
+
+
+class Speculator:
+    def __init__(self, ctx: Context, capture: AttentionCapture, costs: Costs, calls: Callable[[int], int]) -> None:
+        """``calls(n)``: llama_decode calls a prefill of ``n`` tokens takes."""
+        self.ctx, self.capture, self.costs, self.calls = ctx, capture, costs, calls
+
+    def plan_sync(self, kv: SessionKV, tokens: Sequence[int]) -> SpeculatorSync:
+        """How the speculator reaches ``tokens`` for scoring: as it is, or rebuilt as the
+        target's mirror when that is cheaper by the measured costs (core.session_kv)."""
+        return plan_speculator_sync(kv.speculator, kv.target, tokens, self.costs.speculator.seconds, self.calls)
+
+
+    def capture_steps(self, kv_all: SessionKV, tokens: tuple[int, ...], lookahead: int, t: Timings,
+                      slot: int = 0, sync: SpeculatorSync | None = None) -> TurnSteps[list[np.ndarray]]:
+        """Prefill the speculator's missing tokens without capture (a request to the step
+        loop), then capture the last prompt token's row and ``lookahead`` greedy steps:
+        [n_layer, n_head, n] each, one column per logical token (zero where the speculator
+        holds no cell, see core.session_kv).  The captured steps run inline: the capture
+        hook must see this sequence's row alone."""
+        seq, n, kv = self.ctx.seq(slot), len(tokens), kv_all.speculator
+        t0 = time.perf_counter()
+        sync = sync or self.plan_sync(kv_all, tokens[:-1])
+        base = yield from self.sync(seq, kv, tokens[:-1], t, sync)
+        t1 = time.perf_counter()
+        columns = np.asarray(cached_indices(kv) + [n - 1])  # cell i holds logical token columns[i]
+        steps = []
+        tok = tokens[-1]
+        for step in range(lookahead + 1):
+            pos = base + step
+            if pos >= seq.n_ctx:
+                break
+            self.capture.start(columns.size)
+            t_step = time.perf_counter()
+            try:
+                seq.decode([tok], pos)
+            finally:
+                rows = self.capture.stop()
+            self.costs.speculator_step.observe(1, columns.size + step, 1, time.perf_counter() - t_step)
+            steps.append(rows if columns.size == n else _scatter(rows, columns, n))
+            tok = int(np.argmax(seq.logits()))
+        seq.remove_from(base + 1)  # lookahead tokens are not context
+        kv.extend([tokens[-1]], [base])
+        t.speculator_prefill_n += 1
+        t2 = time.perf_counter()
+        t.speculator_prefill_ms = (t1 - t0) * 1e3
+        t.lookahead_ms = (t2 - t1) * 1e3
+        return steps
+
+    def sync(self, seq: Seq, kv: SeqState, tokens: Sequence[int], t: Timings,
+                         sync: SpeculatorSync | None = None) -> TurnSteps[int]:
+        """Bring the speculator's sequence to exactly ``tokens``, rebuilt as ``sync`` says;
+        returns the next position.  Every such prefill also refreshes the measured
+        speculator speed."""
+        if sync is not None and sync.rebuild is not None:
+            yield from self._mirror(seq, kv, tokens[:sync.start], np.asarray(sync.rebuild), t)
+        else:
+            rollback(seq, kv, min(common_prefix(kv.tokens, tokens), len(tokens)))
+        delta = tokens[len(kv.tokens):]
+        base = kv.next_pos
+        if delta:
+            t0 = time.perf_counter()
+            yield Tokens(seq, delta, base, logits=False)
+            self.costs.speculator.observe(len(delta), base, self.calls(len(delta)), time.perf_counter() - t0)
+            kv.extend(delta, range(base, base + len(delta)))
+            t.speculator_prefill_n += len(delta)
+        return base + len(delta)
+
+    def _mirror(self, seq: Seq, kv: SeqState, history: Sequence[int], held: np.ndarray, t: Timings) -> TurnSteps[None]:
+        """Empty the speculator's sequence and prefill only ``history[held]`` (the target's
+        cells) at their logical positions, so later tokens attend to what the target kept."""
+        seq.clear()
+        kv.reset()
+        t0 = time.perf_counter()
+        yield from sparse_prefill(seq, history, held, "original", 0)
+        self.costs.speculator.observe(int(held.size), 0, len(runs(held)), time.perf_counter() - t0)
+        positions = np.full(len(history), -1)
+        positions[held] = held
+        kv.extend(history, positions.tolist())
+        t.speculator_prefill_n += int(held.size)
+        t.speculator_mirrored_n = int(held.size)
+
+
+def _scatter(rows: np.ndarray, columns: np.ndarray, n: int) -> np.ndarray:
+    """Captured rows over cells -> rows over ``n`` logical tokens (zero where no cell)."""
+    out = np.zeros(rows.shape[:2] + (n,), dtype=rows.dtype)
+    out[:, :, columns] = rows[:, :, :columns.size]
+    return out
