@@ -6,7 +6,7 @@ its first R transformer blocks, written once with the ``gguf`` package into the
 derived-models folder and loaded as the scoring model.  The engine and the planner
 see one scoring model whichever it is; the planner's cost model calibrates and
 refines its speed like any other's.  Pair an early scorer with ``--score-agg
-filter-sum`` to read its last layer the way GemFilter does (results/README.md,
+filter-sum`` to read its last layer the way GemFilter does (results/scorers.md,
 "A cheaper scorer").
 """
 
