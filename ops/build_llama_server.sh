@@ -18,7 +18,8 @@ trap 'rm -rf "$work"' EXIT
 tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
 src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
 cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >/dev/null
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF \
+  $(bash ops/cpu_flags.sh) >/dev/null  # native, but never AMX
 cmake --build "$work/build" --target llama-server -j "$(nproc)"
 mkdir -p "$OUT/bin"
 cp "$work/build/bin/llama-server" "$OUT/bin/"

@@ -45,6 +45,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+CMAKE_ARGS="${CMAKE_ARGS:-} $(bash ops/cpu_flags.sh)"  # native, but never AMX (see ops/cpu_flags.sh)
+export CMAKE_ARGS
 .venv/bin/python -m pip install "${PIP_FLAGS[@]}" --upgrade pip
 if [ "$mode" = "--test" ]; then
   echo "== installing specgate with test extras (first llama-cpp-python build takes ~10 min)"
