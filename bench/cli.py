@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"which to run: {', '.join(SCENARIOS)} (default: the first three)")
     parser.add_argument("--quick", action="store_true", help="small sizes: a few minutes in all")
     parser.add_argument("--lengths", help="first_turn, planner and scorers prompt lengths, comma-separated tokens")
+    parser.add_argument("--content", default="logs",
+                        help="planner: what the tool result holds, logs and/or code, comma-separated (default logs)")
     parser.add_argument("--out", default="results/bench", help="results folder")
     parser.add_argument("--arms", help="multi_turn, concurrency, long_prefill or stateless arms to (re)run, "
                         "comma-separated (default: all)")
@@ -107,10 +109,16 @@ def overhead(r: Run) -> Any:
 def planner(r: Run) -> Any:
     from bench import planner, plots
 
-    rows = planner.run(r.engine, build(PrefillPolicy), r.lengths([1024, 2048], [1024, 2048, 4096, 8192, 12288]),
-                       r.path("planner"))
-    plots.planner(rows, r.path("planner", "png"))
-    return planner.summary(rows)
+    out = {}
+    for content in r.args.content.split(","):
+        if content not in planner.CONTENTS:
+            raise SystemExit(f"--content must name {' or '.join(planner.CONTENTS)}, got {content!r}")
+        name = "planner" if content == "logs" else f"planner_{content}"
+        rows = planner.run(r.engine, build(PrefillPolicy), r.lengths([1024, 2048], [1024, 2048, 4096, 8192, 12288]),
+                           r.path(name), content)
+        plots.planner(rows, r.path(name, "png"))
+        out[content] = planner.summary(rows)
+    return out
 
 
 def soak(r: Run) -> Any:

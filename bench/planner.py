@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import progress, write_result
-from bench.textgen import WORDS_PER_TOKEN, agent_turn
+from bench.textgen import WORDS_PER_TOKEN, agent_turn, code_turn
 from core.config import EngineConfig
 from core.loader import override
 from core.policies import PrefillPolicy, SamplingParams, TurnParams
@@ -24,7 +24,17 @@ from core.specprefill.cost_model import Costs
 TIE = 0.10
 
 
-def run(engine_cfg: EngineConfig, policy: PrefillPolicy, lengths: list[int], out: Path) -> list[dict[str, Any]]:
+CONTENTS = ("logs", "code")  # what the long tool result holds: filler log prose, or Python source
+
+
+def prompt_doc(content: str, n: int, i: int) -> dict[str, Any]:
+    if content == "code":
+        return code_turn(n, depth=0.35, key=f"svc-{i}", value=f"T-{517 + i}")
+    return agent_turn(int(n * WORDS_PER_TOKEN), depth=0.35, seed=300 + i, key=f"svc-{i}", value=f"T-{517 + i}")
+
+
+def run(engine_cfg: EngineConfig, policy: PrefillPolicy, lengths: list[int], out: Path,
+        content: str = "logs") -> list[dict[str, Any]]:
     from core.engine import Engine  # llama.cpp loads only when the bench runs
 
     cfg = override(engine_cfg, n_ctx=max(lengths) + 512)
@@ -33,9 +43,9 @@ def run(engine_cfg: EngineConfig, policy: PrefillPolicy, lengths: list[int], out
     rows: list[dict[str, Any]] = []
     try:
         for i, n in enumerate(lengths):
-            doc = agent_turn(int(n * WORDS_PER_TOKEN), depth=0.35, seed=300 + i, key=f"svc-{i}", value=f"T-{517 + i}")
+            doc = prompt_doc(content, n, i)
             prompt = engine.chat.render_chat(doc["messages"], doc["tools"])
-            row: dict[str, Any] = {"target_tokens": n, "context_n": len(prompt),
+            row: dict[str, Any] = {"content": content, "target_tokens": n, "context_n": len(prompt),
                                    "planner": engine.plan(prompt, policy).status.value,
                                    "planner_fresh": engine.plan(prompt, policy, costs=fresh).status.value,
                                    "costs": costs_json(engine.costs)}
@@ -48,7 +58,8 @@ def run(engine_cfg: EngineConfig, policy: PrefillPolicy, lengths: list[int], out
                 progress(f"  ttft {r.timings.ttft_ms / 1e3:.1f}s kept {r.timings.kept_pct:.0f}% "
                          f"answer {r.text.strip()[:24]!r}")
             rows.append(judge(row))
-            write_result(out, "planner", {"policy": policy_json(policy), "rows": rows, "summary": summary(rows)},
+            write_result(out, "planner", {"content": content, "policy": policy_json(policy), "rows": rows,
+                                          "summary": summary(rows)},
                          {"target": cfg.target, "speculator": cfg.speculator})
     finally:
         engine.close()
@@ -79,7 +90,8 @@ def costs_json(costs: Costs) -> dict[str, Any]:
     """The cost model the planner decided with: a, b, d per model and the selection priors."""
     return {"target": costs.target.coef.tolist(), "speculator": costs.speculator.coef.tolist(),
             "speculator_step": costs.speculator_step.coef.tolist(),
-            "kept_ratio": round(costs.kept_ratio, 4), "run_tokens": round(costs.run_tokens, 1)}
+            "kept_ratios": {k.value: round(v, 4) for k, v in costs.kept_ratios.items()},
+            "run_tokens": round(costs.run_tokens, 1)}
 
 
 def policy_json(policy: PrefillPolicy) -> dict[str, Any]:

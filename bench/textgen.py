@@ -77,6 +77,47 @@ def agent_turn(n_words: int, depth: float, seed: int, key: str, value: str) -> d
     ], "tools": AGENT_TOOLS, "expected": value}
 
 
+CODE_SOURCES = ("tarfile", "argparse", "configparser", "zipfile", "shutil", "tempfile", "logging/__init__",
+                "json/decoder", "csv", "difflib")  # standard-library modules, read from this Python
+CODE_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {
+        "name": "read_file", "description": "Read a source file of the repository",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+]
+CHARS_PER_CODE_TOKEN = 3.3  # Qwen tokens of Python source, measured on these modules
+
+
+def source_code(n_chars: int) -> str:
+    """The first ``n_chars`` of this Python's standard-library sources (whole lines)."""
+    import sysconfig
+    from pathlib import Path
+
+    root, out, size = Path(sysconfig.get_paths()["stdlib"]), [], 0
+    for name in CODE_SOURCES:
+        for line in (root / f"{name}.py").read_text().splitlines():
+            if size >= n_chars:
+                return "\n".join(out)
+            out.append(line)
+            size += len(line) + 1
+    return "\n".join(out)
+
+
+def code_turn(n_tokens: int, depth: float, key: str, value: str) -> dict:
+    """A coding agent's turn: tools, a task, a ``read_file`` call and about ``n_tokens``
+    of Python source as its result, with one planted constant to answer from."""
+    lines = source_code(int(n_tokens * CHARS_PER_CODE_TOKEN)).splitlines()
+    lines.insert(int(len(lines) * depth), f'DEPLOY_TOKEN_{key.upper().replace("-", "_")} = "{value}"')
+    call = {"id": f"call_{key}", "type": "function",
+            "function": {"name": "read_file", "arguments": orjson.dumps({"path": f"src/{key}.py"}).decode()}}
+    return {"messages": [
+        {"role": "system", "content": "You are a coding agent. Use the tools; answer briefly."},
+        {"role": "user", "content": f"What is the deploy token constant for {key} in src/{key}.py? Reply with its "
+                                    "value only."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "\n".join(lines)},
+    ], "tools": CODE_TOOLS, "expected": value}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--words", type=int, default=2200)

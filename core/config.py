@@ -13,6 +13,7 @@ from core.loader import require as _require
 from core.policies import Scorer
 
 KV_LAYOUTS = ("split", "unified")  # see core/llama/context.py
+CAPTURES = ("flash", "softmax")  # see core/llama/capture.py
 
 
 @dataclass(slots=True, frozen=True)
@@ -27,6 +28,8 @@ class EngineConfig:
     n_batch: int = 512
     n_ubatch: int = 512
     target_flash_attn: bool = True
+    attention_capture: str = "flash"  # how scoring reads attention (core/llama/capture.py): flash runs the
+    # scoring model with flash attention and recomputes the rows; softmax reads kq_soft_max with it off
     calibrate_tokens: int = 128
     layer_map: str = ""  # SpecAttn layer map JSON; empty = the one `specgate calibrate` stored for this pair
     slots: int = 4  # sessions resident at once in both contexts (each up to n_ctx tokens); 1 = one turn at a time
@@ -41,6 +44,7 @@ class EngineConfig:
         _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
         _require(1 <= self.slots <= 64, f"slots must be in [1, 64], got {self.slots}")
         _one_of("kv_layout", self.kv_layout, KV_LAYOUTS)
+        _one_of("attention_capture", self.attention_capture, CAPTURES)
         _require(self.step_tokens >= 0, f"step_tokens must be >= 0, got {self.step_tokens}")
         _require(self.prefill_share >= 0, f"prefill_share must be >= 0, got {self.prefill_share}")
         _require(self.slots < self.n_batch, f"n_batch ({self.n_batch}) must exceed slots ({self.slots})")

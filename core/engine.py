@@ -12,7 +12,7 @@ worker thread (core.runtime.worker), never from the event loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from core.decoding.decode import Generation, OnText, generate
 from core.decoding.specattn import SparseVerify, layer_weights
 from core.decoding.speculative import SpeculativeDecoder
 from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong
-from core.llama.capture import AttentionCapture
+from core.llama.capture import make_capture
 from core.llama.context import Context
 from core.llama.model import Model
 from core.llama.scorer_cuts import scoring_model
@@ -41,11 +41,14 @@ from core.session_kv import (
 from core.slot_kv import SlotKV
 from core.specprefill import guard as tool_guard
 from core.specprefill import planner
+from core.specprefill.content import ContentKind, content_kind
 from core.specprefill.cost_model import Costs, Work
 from core.specprefill.prefill import sparse_prefill
 from core.specprefill.scoring import importance
-from core.specprefill.selection import forced_mask, runs, select_tokens
+from core.specprefill.selection import bridge_gaps, forced_mask, runs, select_tokens
 from core.speculator import Speculator, rollback
+
+KIND_SAMPLE = 4096  # tokens read to tell code from logs and prose (core.specprefill.content)
 
 
 class Engine:
@@ -65,7 +68,7 @@ class Engine:
         try:
             startup.check_same_vocab(self.speculator, self.target)
             startup.check_memory(config, self.target, self.speculator)
-            self.capture = AttentionCapture(self.speculator.n_layer)
+            self.capture = make_capture(config.attention_capture, self.speculator.n_layer)
             unified = config.kv_layout == "unified"
             self.target_ctx = Context(self.target, n_ctx=config.n_ctx, n_batch=config.n_batch,
                                       n_ubatch=config.n_ubatch, n_threads=config.n_threads,
@@ -73,7 +76,7 @@ class Engine:
                                       n_seq=config.slots, unified=unified or config.slots == 1)
             self.speculator_ctx = Context(self.speculator, n_ctx=config.speculator_ctx_len, n_batch=config.n_batch,
                                           n_ubatch=config.n_ubatch, n_threads=config.n_threads,
-                                          flash_attn=False, capture=self.capture, n_seq=config.slots,
+                                          flash_attn=self.capture.flash_attn, capture=self.capture, n_seq=config.slots,
                                           unified=unified or config.slots == 1)
         except Exception:
             self.close()
@@ -131,12 +134,21 @@ class Engine:
         scanned = "".join(self.target.detokenize(prompt.tokens[a:b], special=True)
                           for a, b in tool_guard.scan_spans(prompt, policy.guard_scan_tokens))
         verdict = tool_guard.inspect(prompt, scanned, policy)
-        protected = int(forced_mask(n - q, 0, 0, [(a - q, b - q) for a, b in verdict.spans if b > q]).sum())
-        work = Work(n_select=n - q, n_protected=protected, target_cached=len(cached_indices(kv.target, q)),
+        dense = forced_mask(n - q, 0, 0, [(a - q, b - q) for a, b in verdict.spans if b > q])
+        work = Work(n_select=n - q, n_protected=int(dense.sum()), target_cached=len(cached_indices(kv.target, q)),
                     n_score=n - sync.start, speculator_cached=sync.cells, lookahead=policy.lookahead,
                     n_batch=self.config.n_batch, compact=policy.position_mode == "compact",
-                    n_rebuild=sync.n_rebuild, rebuild_runs=sync.rebuild_runs)
+                    n_rebuild=sync.n_rebuild, rebuild_runs=sync.rebuild_runs,
+                    kind=self._content_kind(prompt.tokens[q:], dense))
         return planner.plan(work, policy, verdict, costs or self.costs)
+
+    def _content_kind(self, delta: Sequence[int], dense: np.ndarray) -> ContentKind:
+        """What the tokens free to drop are: code, logs or prose (read from up to
+        ``KIND_SAMPLE`` of them, evenly through the delta)."""
+        free = np.flatnonzero(~dense)
+        if free.size > KIND_SAMPLE:
+            free = free[np.linspace(0, free.size - 1, KIND_SAMPLE).astype(np.int64)]
+        return content_kind(self.target.detokenize([delta[i] for i in free]))
 
     def score(self, kv: SessionKV, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings,
               slot: int = 0, sync: SpeculatorSync | None = None) -> TurnSteps[np.ndarray]:
@@ -186,15 +198,18 @@ class Engine:
         sync = self.spec.plan_sync(kv, tokens[:-1])  # decided once: the plan and the scoring agree
         decision = self.plan(prompt, policy, kv, sync=sync)
         t.specprefill, t.specprefill_reason = decision.status.value, decision.reason
+        t.content_kind = decision.kind.value
         kept = np.arange(len(delta))
         if decision.score:
             scores = (yield from self.score(kv, tokens, policy, t, slot, sync))[q:]
             protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
             kept = select_tokens(scores, policy.selection, protected)
+            if policy.position_mode == "original":
+                kept = bridge_gaps(kept, self.costs.target.bridge_tokens(len(kv.target.tokens)))
             t.scoring_ms = (time.perf_counter() - t_start) * 1e3
             n_dense = int(forced_mask(len(delta), 0, 0, protected).sum())
             self.costs.observe_selection(len(delta) - n_dense, int(kept.size) - n_dense, int(kept.size),
-                                         len(runs(kept)))
+                                         len(runs(kept)), decision.kind)
             if kept.size == len(delta):
                 t.specprefill, t.specprefill_reason = planner.Status.KEPT_ALL.value, "selection kept every token"
         t.prompt_n, t.kept_runs = int(kept.size), len(runs(kept))

@@ -53,6 +53,7 @@ class Timings:
     cache_n: int = 0  # target tokens reused from the session
     prompt_n: int = 0  # tokens the target prefilled this turn (the kept ones)
     kept_runs: int = 0  # contiguous runs those tokens form
+    content_kind: str = ""  # of the tokens free to drop (core.specprefill.content), when the planner looked
     prompt_ms: float = 0.0  # the target's prefill
     speculator_cache_n: int = 0  # speculator tokens reused from the session
     speculator_prefill_n: int = 0  # prompt tokens prefilled into the speculator this turn
@@ -88,7 +89,8 @@ class Timings:
         out: dict[str, Any] = {
             "specprefill": self.specprefill, "specprefill_reason": self.specprefill_reason,
             "position_mode": self.position_mode, "context_n": self.context_n, "cache_n": self.cache_n,
-            "prompt_n": self.prompt_n, "kept_runs": self.kept_runs, "prompt_ms": round(self.prompt_ms, 2),
+            "prompt_n": self.prompt_n, "kept_runs": self.kept_runs, "content_kind": self.content_kind,
+            "prompt_ms": round(self.prompt_ms, 2),
             "prompt_per_second": _per_second(self.prompt_n, self.prompt_ms),
             "speculator_cache_n": self.speculator_cache_n, "speculator_prefill_n": self.speculator_prefill_n,
             "speculator_prefill_ms": round(self.speculator_prefill_ms, 2),

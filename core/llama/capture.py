@@ -1,5 +1,8 @@
 """Attention capture through the eval callback: the softmax rows SpecPrefill scores from
-(:class:`AttentionCapture`), and post-RoPE queries and keys (:class:`QKCapture`, the evals)."""
+(:class:`AttentionCapture` reads llama.cpp's ``kq_soft_max``, which exists only with flash
+attention off; :class:`FlashCapture` recomputes the same rows from the inputs of each
+flash-attention node, so the scoring model runs with flash attention on), and post-RoPE
+queries and keys (:class:`QKCapture`, the evals)."""
 
 from __future__ import annotations
 
@@ -9,15 +12,20 @@ import llama_cpp
 import numpy as np
 
 from core.errors import EngineError
+from core.llama.attention_rows import attention_rows
 from core.llama.backend import _NE_OFFSET, _QK, _SOFTMAX, _ggml
+from core.llama.tensors import flash_inputs
 
 
 class AttentionCapture:
-    """cb_eval hook that copies the last query row of every ``kq_soft_max-*`` tensor.
+    """cb_eval hook that copies the last query row of every ``kq_soft_max-*`` tensor
+    (its context runs with flash attention off).
 
     Only the wanted row is read, per head, with ``ggml_backend_tensor_get`` at
     the row's byte offset: the N x N matrix is never copied.
     """
+
+    flash_attn = False  # the context this hook reads must run without flash attention
 
     def __init__(self, n_layer: int) -> None:
         self.n_layer = n_layer
@@ -59,6 +67,35 @@ class AttentionCapture:
             offset = (n_q - 1) * strides[1] + h * strides[2]
             _ggml().ggml_backend_tensor_get(tensor, out[h].ctypes.data, offset, n_read * 4)
         self._rows[layer] = out
+
+
+class FlashCapture(AttentionCapture):
+    """The same rows as :class:`AttentionCapture`, from a context with flash attention on.
+
+    llama.cpp's flash-attention node never forms the softmax, so for each layer the hook
+    reads the node's inputs (the post-RoPE queries, the K view of the cache the node
+    attends, the mask, the scale) and computes the last query's softmax row over the
+    keys in numpy, as ``kq_soft_max`` would hold it (core.llama.tensors).  The rest of
+    the prefill is a plain flash-attention forward pass: only the captured steps ask to
+    see these nodes."""
+
+    flash_attn = True
+
+    def _on_eval(self, tensor: int, ask: bool, user_data: int) -> bool:
+        if not self.active:
+            return not ask
+        is_fattn = _ggml().ggml_op_desc(tensor) == b"FLASH_ATTN_EXT"
+        if ask:
+            return is_fattn
+        if is_fattn:
+            layer, inputs = flash_inputs(tensor)
+            self._rows[layer] = attention_rows(inputs)[:, : self.n_keys]
+        return True
+
+
+def make_capture(kind: str, n_layer: int) -> AttentionCapture:
+    """``kind`` as EngineConfig.attention_capture names it."""
+    return FlashCapture(n_layer) if kind == "flash" else AttentionCapture(n_layer)
 
 
 def _tensor_f32(tensor: int) -> np.ndarray | None:

@@ -53,8 +53,9 @@ class Context:
         params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self.capture, self.probe = capture, probe
-        if capture is not None:
-            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED  # no kq_soft_max with FA
+        if capture is not None:  # the capture decides: kq_soft_max exists only with flash attention off
+            params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if capture.flash_attn
+                                      else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
             params.cb_eval = capture.callback
             params.cb_eval_user_data = None
         elif probe is not None:

@@ -23,9 +23,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.specprefill.content import ContentKind
+
 PRIOR_HALF_CONTEXT = 4096  # cells at which attention costs as much as the weights, before measuring
 PRIOR_WEIGHT = 0.05  # pull toward the prior, relative to one measurement
-PRIOR_KEPT_RATIO = 0.15  # share of sparsifiable tokens kept, until selections are seen (mass 0.85: 7-20%)
+# share of sparsifiable tokens kept per kind of content, until selections of that kind are seen
+# (measured at mass 0.85 on the real pair: logs and prose 7-20%, source code 28-39%)
+PRIOR_KEPT = {ContentKind.CODE: 0.35, ContentKind.LOGS: 0.12, ContentKind.PROSE: 0.15}
 PRIOR_RUN_TOKENS = 64.0  # kept tokens per contiguous run, until selections are seen
 SLOW_SAMPLE = 1.25  # a measurement this much slower than the fit predicts is suspected of contention
 
@@ -47,6 +51,14 @@ class PrefillCost:
 
     def seconds(self, m: int, c: int = 0, calls: int = 1) -> float:
         return float(features(m, c, calls) @ self.coef) if m > 0 else 0.0
+
+    def bridge_tokens(self, c: int) -> int:
+        """The longest gap between two kept runs that costs less to prefill (after ``c``
+        cells) than the extra pass it saves: a pass's overhead, which in original
+        positions includes llama.cpp's K-shift of the whole cache."""
+        a, b, d = self.coef
+        per_token = a + b * c
+        return int(d / per_token) if per_token > 0 else 0
 
     def observe(self, m: int, c: int, calls: int, seconds: float) -> None:
         if m >= 1 and seconds > 0:
@@ -98,7 +110,7 @@ class Costs:
     target: PrefillCost = field(default_factory=PrefillCost)
     speculator: PrefillCost = field(default_factory=PrefillCost)
     speculator_step: PrefillCost = field(default_factory=PrefillCost)
-    kept_ratio: float = PRIOR_KEPT_RATIO  # of the tokens the guard leaves free
+    kept_ratios: dict[ContentKind, float] = field(default_factory=lambda: dict(PRIOR_KEPT))  # of free tokens
     run_tokens: float = PRIOR_RUN_TOKENS
     alpha: float = 0.3
 
@@ -106,9 +118,13 @@ class Costs:
     def calibrated(self) -> bool:
         return self.target.fitted and self.speculator.fitted
 
-    def observe_selection(self, n_free: int, n_free_kept: int, n_kept: int, n_runs: int) -> None:
+    def kept_ratio(self, kind: ContentKind = ContentKind.PROSE) -> float:
+        return self.kept_ratios[kind]
+
+    def observe_selection(self, n_free: int, n_free_kept: int, n_kept: int, n_runs: int,
+                          kind: ContentKind = ContentKind.PROSE) -> None:
         if n_free > 0:
-            self.kept_ratio += self.alpha * (n_free_kept / n_free - self.kept_ratio)
+            self.kept_ratios[kind] += self.alpha * (n_free_kept / n_free - self.kept_ratios[kind])
         if n_runs > 0:
             self.run_tokens += self.alpha * (n_kept / n_runs - self.run_tokens)
 
@@ -127,6 +143,7 @@ class Work:
     compact: bool  # compact positions decode the kept tokens in full batches; original, run by run
     n_rebuild: int = 0  # the target's cells the speculator re-prefills first, to mirror it
     rebuild_runs: int = 0  # the contiguous runs those form
+    kind: ContentKind = ContentKind.PROSE  # of the tokens free to drop: what share selection keeps depends on it
 
 
 @dataclass(slots=True, frozen=True)
@@ -148,7 +165,7 @@ def _calls(n: int, n_batch: int) -> int:
 def estimate(work: Work, costs: Costs) -> Estimate:
     """Dense prefill, sparse prefill of the expected kept tokens, and scoring, in seconds."""
     free = max(0, work.n_select - work.n_protected)
-    kept = min(work.n_select, work.n_protected + round(costs.kept_ratio * free))
+    kept = min(work.n_select, work.n_protected + round(costs.kept_ratio(work.kind) * free))
     dense = costs.target.seconds(work.n_select, work.target_cached, _calls(work.n_select, work.n_batch))
     runs = _calls(kept, work.n_batch) if work.compact else max(1, round(kept / costs.run_tokens))
     sparse = costs.target.seconds(kept, work.target_cached, runs)

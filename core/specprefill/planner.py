@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass
 
 from core.policies import PrefillPolicy
+from core.specprefill.content import ContentKind
 from core.specprefill.cost_model import Costs, Work, estimate
 from core.specprefill.guard import GuardVerdict
 
@@ -32,6 +33,7 @@ class Plan:
     reason: str
     score: bool
     protected: tuple[tuple[int, int], ...] = ()
+    kind: ContentKind = ContentKind.PROSE  # of the tokens free to drop
 
 
 def plan(work: Work, policy: PrefillPolicy, guard: GuardVerdict, costs: Costs) -> Plan:
@@ -47,7 +49,8 @@ def plan(work: Work, policy: PrefillPolicy, guard: GuardVerdict, costs: Costs) -
         if est.saved_s < est.scoring_s * policy.safety:
             return Plan(Status.SKIPPED_BREAK_EVEN,
                         f"saves ~{est.saved_s:.2f}s (dense ~{est.dense_s:.2f}s, sparse ~{est.sparse_s:.2f}s "
-                        f"for ~{est.kept} kept) < scoring ~{est.scoring_s:.2f}s x {policy.safety}", False)
+                        f"for ~{est.kept} kept of {work.kind}) < scoring ~{est.scoring_s:.2f}s x {policy.safety}",
+                        False, kind=work.kind)
     protected = guard.spans
     reason = f"scoring; kept dense: {guard.kept}" if protected else "scoring"
-    return Plan(Status.ACTIVE, reason, True, protected)
+    return Plan(Status.ACTIVE, reason, True, protected, work.kind)

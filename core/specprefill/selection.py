@@ -110,3 +110,20 @@ def runs(indices: np.ndarray) -> list[tuple[int, int]]:
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [indices.size]))
     return [(int(indices[s]), int(indices[e - 1]) + 1) for s, e in zip(starts, ends, strict=False)]
+
+
+def bridge_gaps(indices: np.ndarray, max_gap: int) -> np.ndarray:
+    """``indices`` with every gap of at most ``max_gap`` tokens between two runs filled.
+
+    A sparse prefill at original positions pays one pass per run, and each pass after
+    the first moves a cell, which makes llama.cpp re-rotate its whole K cache (a K-shift
+    over every cell of every slot, core.specprefill.prefill); prefilling a short gap is
+    cheaper than that, and only adds context."""
+    if indices.size < 2 or max_gap <= 0:
+        return indices
+    gaps = np.diff(indices) - 1
+    fill = (gaps > 0) & (gaps <= max_gap)
+    if not fill.any():
+        return indices
+    extra = [np.arange(indices[i] + 1, indices[i + 1]) for i in np.flatnonzero(fill)]
+    return np.unique(np.concatenate([indices, *extra]))

@@ -6,6 +6,7 @@ import pytest
 from core.policies import PrefillPolicy
 from core.prompt import Prompt, Span
 from core.session_kv import SeqState, cached_indices, plan_speculator_sync
+from core.specprefill.content import ContentKind
 from core.specprefill.cost_model import Costs, PrefillCost, Work, estimate, features
 from core.specprefill.guard import GuardVerdict, inspect, keyword_hits, scan_spans
 from core.specprefill.planner import Status, plan
@@ -22,7 +23,7 @@ def work(n: int, protected: int = 0, lookahead: int = 8, n_batch: int = 512) -> 
 
 
 SPEEDS = Costs(target=PrefillCost(coef=np.array([0.025, 0.0, 0.01])), speculator=linear(0.01),
-               speculator_step=linear(0.01), kept_ratio=0.15, run_tokens=64.0)
+               speculator_step=linear(0.01), run_tokens=64.0)
 
 
 def test_disabled_first():
@@ -80,6 +81,31 @@ def test_cost_fit_recovers_weights_attention_and_call_overhead():
     assert cost.seconds(8000) == pytest.approx(8000 * 0.02 + 8000 * 3999.5 * 2e-6 + 0.05, rel=0.05)
 
 
+def test_bridge_tokens_is_the_gap_a_pass_overhead_pays_for():
+    cost = PrefillCost(coef=np.array([0.01, 1e-6, 0.5]))
+    assert cost.bridge_tokens(0) == 50  # 0.5 s of a pass buys 50 tokens at 10 ms
+    assert cost.bridge_tokens(10_000) == 25  # at 20 ms a token further into the context
+    assert PrefillCost().bridge_tokens(0) == 0  # nothing measured: bridge nothing
+
+
+def test_break_even_expects_code_to_keep_more_than_logs():
+    """The same length pays on logs and not on code, whose selections keep ~3x more: with
+    scoring at 0.72 of dense, logs save ~66 s of 75 and code ~49 s, against ~54 s of scoring."""
+    costs = replace(SPEEDS, speculator=linear(0.018))
+    logs = plan(replace(work(3000), kind=ContentKind.LOGS), PrefillPolicy(), CLEAR, costs)
+    code = plan(replace(work(3000), kind=ContentKind.CODE), PrefillPolicy(), CLEAR, costs)
+    assert logs.status is Status.ACTIVE and logs.kind is ContentKind.LOGS
+    assert code.status is Status.SKIPPED_BREAK_EVEN and "of code" in code.reason
+
+
+def test_each_kind_learns_its_own_kept_share():
+    costs = Costs()
+    for _ in range(20):
+        costs.observe_selection(1000, 500, 520, 10, ContentKind.CODE)
+    assert costs.kept_ratio(ContentKind.CODE) == pytest.approx(0.5, abs=0.01)
+    assert costs.kept_ratio(ContentKind.LOGS) == 0.12  # untouched by code
+
+
 def test_a_long_prompt_is_not_skipped_when_measured_speeds_say_it_pays():
     """The reported failure: calibrated on a short prompt and a linear model, the planner
     skipped an 8K prompt that ran far faster with SpecPrefill.  Measured costs with attention
@@ -90,7 +116,8 @@ def test_a_long_prompt_is_not_skipped_when_measured_speeds_say_it_pays():
     for cost, truth in ((target, t_true), (speculator, s_true)):
         for m, c, calls in [(128, 0, 1), (1, 128, 1), (1024, 0, 2), (1, 1024, 1), (4096, 0, 8), (1, 4096, 1)]:
             cost.observe(m, c, calls, float(features(m, c, calls) @ truth))
-    costs = Costs(target=target, speculator=speculator, kept_ratio=0.07)
+    costs = Costs(target=target, speculator=speculator)
+    costs.kept_ratios[ContentKind.PROSE] = 0.07
     long = plan(work(8000, lookahead=1, n_batch=512), PrefillPolicy(), CLEAR, costs)
     assert long.status is Status.ACTIVE, long.reason
     est = estimate(work(8000, lookahead=1, n_batch=512), costs)

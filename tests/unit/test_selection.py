@@ -77,3 +77,15 @@ def test_protected_spans_survive_selection():
 def test_runs():
     assert runs(np.array([0, 1, 2, 5, 6, 9])) == [(0, 3), (5, 7), (9, 10)]
     assert runs(np.array([], dtype=np.int64)) == []
+
+
+def test_bridge_gaps_fills_short_gaps_only():
+    from core.specprefill.selection import bridge_gaps, runs
+
+    kept = np.array([0, 1, 2, 10, 11, 40, 41, 42, 44])
+    bridged = bridge_gaps(kept, 8)
+    assert runs(bridged) == [(0, 12), (40, 45)]  # gaps of 7 and 1 filled, the gap of 28 kept
+    assert set(kept) <= set(bridged.tolist())
+    assert bridge_gaps(kept, 0).tolist() == kept.tolist()
+    assert bridge_gaps(kept, 100).tolist() == list(range(45))
+    assert bridge_gaps(np.array([5]), 10).tolist() == [5]
