@@ -232,8 +232,9 @@ class Engine:
         t0 = time.perf_counter()
         n_past, idx = yield from sparse_prefill(seq, delta, kept, mode, base)
         t.prompt_ms = (time.perf_counter() - t0) * 1e3
+        shifts = 0 if mode == "compact" else len(runs(kept)) - 1
         calls = self._calls(kept.size) if mode == "compact" else sum(self._calls(b - a) for a, b in runs(kept))
-        self.costs.target.observe(int(kept.size), cells, calls, t.prompt_ms / 1e3)
+        self.costs.target.observe(int(kept.size), cells, calls, t.prompt_ms / 1e3 - shifts * self.costs.target.shift_s)
         positions = np.full(len(delta), -1)
         positions[kept] = np.arange(kept.size) + base if mode == "compact" else kept + base
         kv.extend(delta, positions.tolist())

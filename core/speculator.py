@@ -41,7 +41,8 @@ class Speculator:
     def plan_sync(self, kv: SessionKV, tokens: Sequence[int]) -> SpeculatorSync:
         """How the speculator reaches ``tokens`` for scoring: as it is, or rebuilt as the
         target's mirror when that is cheaper by the measured costs (core.session_kv)."""
-        return plan_speculator_sync(kv.speculator, kv.target, tokens, self.costs.speculator.seconds, self.calls)
+        return plan_speculator_sync(kv.speculator, kv.target, tokens, self.costs.speculator.seconds, self.calls,
+                                    self.costs.speculator.shift_s)
 
 
     def capture_steps(self, kv_all: SessionKV, tokens: tuple[int, ...], lookahead: int, t: Timings,
@@ -106,7 +107,9 @@ class Speculator:
         kv.reset()
         t0 = time.perf_counter()
         yield from sparse_prefill(seq, history, held, "original", 0)
-        self.costs.speculator.observe(int(held.size), 0, len(runs(held)), time.perf_counter() - t0)
+        n_runs = len(runs(held))
+        self.costs.speculator.observe(int(held.size), 0, n_runs,
+                                      time.perf_counter() - t0 - (n_runs - 1) * self.costs.speculator.shift_s)
         positions = np.full(len(history), -1)
         positions[held] = held
         kv.extend(history, positions.tolist())

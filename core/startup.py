@@ -53,24 +53,31 @@ def check_memory(config: EngineConfig, target: Model, speculator: Model) -> None
 
 
 def calibrate(engine: Engine, n_tokens: int) -> None:
-    """Seed the cost functions: both models' prefill of ``n_tokens`` and the speculator's
-    one-token step after it, each timed twice and the faster kept (other load only ever
-    slows a run down).  Every real prefill and step refines them (core.specprefill.cost_model)."""
+    """Seed the cost functions: both models' prefill of ``n_tokens``, the speculator's
+    one-token step after it, and what one K-shift costs each context (a step after a
+    moved cell, less a plain step), each timed twice and the faster kept (other load
+    only ever slows a run down).  Every real prefill and step refines them (core.specprefill.cost_model)."""
     text = CALIBRATION_TEXT * (n_tokens // 20 + 2)
     tokens = engine.target.tokenize(text, add_special=False)[:n_tokens]
     n = len(tokens)
     for ctx, cost in ((engine.speculator_ctx, engine.costs.speculator), (engine.target_ctx, engine.costs.target)):
         ctx.clear()
         ctx.decode(tokens[:32], 0)  # the first decode pages the mmap'd weights in
-        prefill, step = float("inf"), float("inf")
+        prefill, step, shifted = float("inf"), float("inf"), float("inf")
         for _ in range(2):
             ctx.clear()
             t0 = time.perf_counter()
             ctx.decode(tokens, 0)
             t1 = time.perf_counter()
             ctx.decode([tokens[0]], n)
-            prefill, step = min(prefill, t1 - t0), min(step, time.perf_counter() - t1)
+            t2 = time.perf_counter()
+            ctx.seq(0).shift(n, n + 1, 1)  # as a sparse prefill's bridge moves a cell
+            t3 = time.perf_counter()
+            ctx.decode([tokens[1]], n + 2)
+            prefill, step = min(prefill, t1 - t0), min(step, t2 - t1)
+            shifted = min(shifted, time.perf_counter() - t3)
         cost.observe(n, 0, engine._calls(n), prefill)
+        cost.shift_s = max(0.0, shifted - step)
         if ctx is engine.speculator_ctx:
             engine.costs.speculator_step.observe(1, n, 1, step)
         ctx.clear()

@@ -43,6 +43,9 @@ class PrefillCost:
     """One model's cost function, fitted from ``(m, c, calls, seconds)`` measurements."""
 
     coef: np.ndarray = field(default_factory=lambda: np.zeros(3))  # a, b, d
+    # one K-shift: llama.cpp re-rotating every cell of the context's K cache after a cell moved
+    # (each run of an original-position sparse prefill after the first); measured at start-up
+    shift_s: float = 0.0
     samples: deque[tuple[np.ndarray, float]] = field(default_factory=lambda: deque(maxlen=48))
 
     @property
@@ -52,13 +55,17 @@ class PrefillCost:
     def seconds(self, m: int, c: int = 0, calls: int = 1) -> float:
         return float(features(m, c, calls) @ self.coef) if m > 0 else 0.0
 
+    def sparse_seconds(self, m: int, c: int, runs: int) -> float:
+        """An original-position sparse prefill of ``m`` tokens in ``runs`` runs: every run
+        after the first is a pass and a K-shift."""
+        return self.seconds(m, c, runs) + max(0, runs - 1) * self.shift_s
+
     def bridge_tokens(self, c: int) -> int:
         """The longest gap between two kept runs that costs less to prefill (after ``c``
-        cells) than the extra pass it saves: a pass's overhead, which in original
-        positions includes llama.cpp's K-shift of the whole cache."""
+        cells) than the run it saves: a pass's overhead and a K-shift."""
         a, b, d = self.coef
         per_token = a + b * c
-        return int(d / per_token) if per_token > 0 else 0
+        return int((d + self.shift_s) / per_token) if per_token > 0 else 0
 
     def observe(self, m: int, c: int, calls: int, seconds: float) -> None:
         if m >= 1 and seconds > 0:
@@ -168,10 +175,11 @@ def estimate(work: Work, costs: Costs) -> Estimate:
     kept = min(work.n_select, work.n_protected + round(costs.kept_ratio(work.kind) * free))
     dense = costs.target.seconds(work.n_select, work.target_cached, _calls(work.n_select, work.n_batch))
     runs = _calls(kept, work.n_batch) if work.compact else max(1, round(kept / costs.run_tokens))
-    sparse = costs.target.seconds(kept, work.target_cached, runs)
+    sparse = (costs.target.seconds(kept, work.target_cached, runs) if work.compact
+              else costs.target.sparse_seconds(kept, work.target_cached, runs))
     # the speculator prefills all but the last token, then decodes it and the lookahead one by one
     n_prefill, n_context = max(0, work.n_score - 1), work.speculator_cached + work.n_score
-    scoring = (costs.speculator.seconds(work.n_rebuild, 0, work.rebuild_runs)
+    scoring = (costs.speculator.sparse_seconds(work.n_rebuild, 0, work.rebuild_runs)
                + costs.speculator.seconds(n_prefill, work.speculator_cached, _calls(n_prefill, work.n_batch))
                + (work.lookahead + 1) * costs.speculator_step.seconds(1, n_context))
     return Estimate(dense, sparse, scoring, kept)

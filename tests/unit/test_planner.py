@@ -86,6 +86,17 @@ def test_bridge_tokens_is_the_gap_a_pass_overhead_pays_for():
     assert cost.bridge_tokens(0) == 50  # 0.5 s of a pass buys 50 tokens at 10 ms
     assert cost.bridge_tokens(10_000) == 25  # at 20 ms a token further into the context
     assert PrefillCost().bridge_tokens(0) == 0  # nothing measured: bridge nothing
+    shifting = PrefillCost(coef=np.array([0.01, 0.0, 0.0]), shift_s=0.3)
+    assert shifting.bridge_tokens(0) == 30  # a K-shift alone pays for 30 tokens
+    assert shifting.sparse_seconds(100, 0, 4) == pytest.approx(1.0 + 3 * 0.3)  # 3 shifts for 4 runs
+
+
+def test_break_even_charges_a_k_shift_per_extra_run():
+    cheap, dear = replace(SPEEDS, run_tokens=8.0), replace(SPEEDS, run_tokens=8.0)
+    dear.target = replace(SPEEDS.target, shift_s=2.0)
+    assert plan(work(3000), PrefillPolicy(), CLEAR, cheap).status is Status.ACTIVE
+    slow = plan(work(3000), PrefillPolicy(), CLEAR, dear)  # ~45 runs of 8 kept tokens, 2 s of K-shift each
+    assert slow.status is Status.SKIPPED_BREAK_EVEN
 
 
 def test_break_even_expects_code_to_keep_more_than_logs():
