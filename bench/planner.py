@@ -91,7 +91,8 @@ def costs_json(costs: Costs) -> dict[str, Any]:
     return {"target": costs.target.coef.tolist(), "speculator": costs.speculator.coef.tolist(),
             "speculator_step": costs.speculator_step.coef.tolist(),
             "kept_ratios": {k.value: round(v, 4) for k, v in costs.kept_ratios.items()},
-            "run_tokens": round(costs.run_tokens, 1)}
+            "run_tokens": round(costs.run_tokens, 1),
+            "shift_s": {"target": round(costs.target.shift_s, 4), "speculator": round(costs.speculator.shift_s, 4)}}
 
 
 def policy_json(policy: PrefillPolicy) -> dict[str, Any]:

@@ -1,0 +1,42 @@
+"""One model's prefill speed under each setting worth choosing between, in one process:
+flash attention on with n_ubatch 512, 1024, 2048, and off with 512.
+
+    .venv/bin/python ops/bench_prefill_settings.py spec 4000      # or: target 4000 [how many settings]
+
+The prompt is Python source (bench.textgen.source_code).  Prints one line per setting.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from bench.textgen import source_code
+from core.llama import model_files
+from core.llama.backend import init_backend
+from core.llama.context import Context
+from core.llama.model import Model
+
+SETTINGS = [(True, 512), (True, 1024), (True, 2048), (False, 512)]  # (flash attention, n_ubatch)
+
+
+def main() -> None:
+    which, n = sys.argv[1], int(sys.argv[2])
+    count = int(sys.argv[3]) if len(sys.argv) > 3 else len(SETTINGS)
+    init_backend()
+    model = Model(str(model_files.model_path(model_files.SPECULATOR if which == "spec" else model_files.TARGET)))
+    tokens = model.tokenize(source_code(int(n * 3.6)))[:n]
+    for fa, ub in SETTINGS[:count]:
+        ctx = Context(model, n_ctx=n + 64, n_batch=max(ub, 512), n_ubatch=ub, n_threads=2, flash_attn=fa)
+        ctx.decode(tokens[:32], 0)  # pages the weights in
+        ctx.clear()
+        t0 = time.perf_counter()
+        ctx.decode(tokens, 0, logits_last=False)
+        dt = time.perf_counter() - t0
+        print(f"{which} fa={fa} ubatch={ub} n={len(tokens)}: {dt:.1f}s {len(tokens) / dt:.1f} t/s", flush=True)
+        ctx.close()
+    model.close()
+
+
+if __name__ == "__main__":
+    main()
