@@ -92,7 +92,8 @@ def source_code(n_chars: int) -> str:
     import sysconfig
     from pathlib import Path
 
-    root, out, size = Path(sysconfig.get_paths()["stdlib"]), [], 0
+    root, size = Path(sysconfig.get_paths()["stdlib"]), 0
+    out: list[str] = []
     for name in CODE_SOURCES:
         for line in (root / f"{name}.py").read_text().splitlines():
             if size >= n_chars:

@@ -148,7 +148,7 @@ class Engine:
         free = np.flatnonzero(~dense)
         if free.size > KIND_SAMPLE:
             free = free[np.linspace(0, free.size - 1, KIND_SAMPLE).astype(np.int64)]
-        return content_kind(self.target.detokenize([delta[i] for i in free]))
+        return content_kind(self.target.detokenize([delta[int(i)] for i in free]))
 
     def score(self, kv: SessionKV, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings,
               slot: int = 0, sync: SpeculatorSync | None = None) -> TurnSteps[np.ndarray]:

@@ -12,8 +12,8 @@ from core.llama.context import Context
 from core.llama.model import Model
 from core.policies import Selection
 from core.runtime.steps import drive
-from core.specprefill.scoring import importance
 from core.specprefill.prefill import sparse_prefill
+from core.specprefill.scoring import importance
 from core.specprefill.selection import select_tokens
 
 N_UBATCH = 64  # so the prompts below span several ubatches
