@@ -13,7 +13,8 @@ from core.loader import require as _require
 from core.policies import Scorer
 
 KV_LAYOUTS = ("split", "unified")  # see core/llama/context.py
-CAPTURES = ("flash", "softmax")  # see core/llama/capture.py
+CAPTURES = ("auto", "flash", "softmax")  # see core/llama/capture.py
+FLASH_ATTN = ("auto", "on", "off")  # see core/llama/prefill_settings.py
 
 
 @dataclass(slots=True, frozen=True)
@@ -27,9 +28,10 @@ class EngineConfig:
     n_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     n_batch: int = 512
     n_ubatch: int = 512
-    target_flash_attn: bool = True
-    attention_capture: str = "flash"  # how scoring reads attention (core/llama/capture.py): flash runs the
-    # scoring model with flash attention and recomputes the rows; softmax reads kq_soft_max with it off
+    target_flash_attn: str = "auto"  # on, off, or auto: as `specgate calibrate --prefill` measured it here, else on
+    attention_capture: str = "auto"  # how scoring reads attention (core/llama/capture.py): flash runs the
+    # scoring model with flash attention and recomputes the rows; softmax reads kq_soft_max with it off;
+    # auto: flash unless `specgate calibrate --prefill` measured the scoring model faster without it
     calibrate_tokens: int = 128
     layer_map: str = ""  # SpecAttn layer map JSON; empty = the one `specgate calibrate` stored for this pair
     slots: int = 4  # sessions resident at once in both contexts (each up to n_ctx tokens); 1 = one turn at a time
@@ -45,6 +47,7 @@ class EngineConfig:
         _require(1 <= self.slots <= 64, f"slots must be in [1, 64], got {self.slots}")
         _one_of("kv_layout", self.kv_layout, KV_LAYOUTS)
         _one_of("attention_capture", self.attention_capture, CAPTURES)
+        _one_of("target_flash_attn", self.target_flash_attn, FLASH_ATTN)
         _require(self.step_tokens >= 0, f"step_tokens must be >= 0, got {self.step_tokens}")
         _require(self.prefill_share >= 0, f"prefill_share must be >= 0, got {self.prefill_share}")
         _require(self.slots < self.n_batch, f"n_batch ({self.n_batch}) must exceed slots ({self.slots})")

@@ -24,6 +24,7 @@ from core.decoding.decode import Generation, OnText, generate
 from core.decoding.specattn import SparseVerify, layer_weights
 from core.decoding.speculative import SpeculativeDecoder
 from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong
+from core.llama import prefill_settings
 from core.llama.capture import make_capture
 from core.llama.context import Context
 from core.llama.model import Model
@@ -68,11 +69,13 @@ class Engine:
         try:
             startup.check_same_vocab(self.speculator, self.target)
             startup.check_memory(config, self.target, self.speculator)
-            self.capture = make_capture(config.attention_capture, self.speculator.n_layer)
+            self.capture = make_capture(prefill_settings.scoring_capture(config.attention_capture, self.speculator),
+                                        self.speculator.n_layer)
             unified = config.kv_layout == "unified"
             self.target_ctx = Context(self.target, n_ctx=config.n_ctx, n_batch=config.n_batch,
                                       n_ubatch=config.n_ubatch, n_threads=config.n_threads,
-                                      flash_attn=config.target_flash_attn, views=unified or config.slots == 1,
+                                      flash_attn=prefill_settings.resolve(config.target_flash_attn, self.target),
+                                      views=unified or config.slots == 1,
                                       n_seq=config.slots, unified=unified or config.slots == 1)
             self.speculator_ctx = Context(self.speculator, n_ctx=config.speculator_ctx_len, n_batch=config.n_batch,
                                           n_ubatch=config.n_ubatch, n_threads=config.n_threads,

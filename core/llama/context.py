@@ -61,6 +61,7 @@ class Context:
         elif probe is not None:
             params.cb_eval = probe.callback
             params.cb_eval_user_data = None
+        self.flash_attn = params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         self._ptr = llama_cpp.llama_init_from_model(model._ptr, params)
         if not self._ptr:
             raise EngineError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq={n_seq})")
