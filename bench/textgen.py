@@ -66,15 +66,23 @@ def agent_turn(n_words: int, depth: float, seed: int, key: str, value: str) -> d
     rng = random.Random(seed)
     sentences = filler(n_words, rng)
     sentences.insert(int(len(sentences) * depth), f"NOTICE: the deploy token for {key} is {value}.")
-    call = {"id": f"call_{seed}", "type": "function",
-            "function": {"name": "read_log", "arguments": orjson.dumps({"service": key}).decode()}}
+    return tool_turn("You are an operations agent. Use the tools; answer briefly.",
+                     f"What is the deploy token for {key}? Check its log and reply with the token only.",
+                     f"call_{seed}", "read_log", {"service": key}, "\n".join(sentences), AGENT_TOOLS, value)
+
+
+def tool_turn(system: str, question: str, call_id: str, tool: str, arguments: dict[str, Any], result: str,
+              tools: list[dict[str, Any]], expected: str) -> dict:
+    """The messages an agent framework sends after one tool call: system, the user's
+    question, the assistant's call and the tool's result."""
+    call = {"id": call_id, "type": "function",
+            "function": {"name": tool, "arguments": orjson.dumps(arguments).decode()}}
     return {"messages": [
-        {"role": "system", "content": "You are an operations agent. Use the tools; answer briefly."},
-        {"role": "user", "content": f"What is the deploy token for {key}? Check its log and reply with the "
-                                    "token only."},
+        {"role": "system", "content": system},
+        {"role": "user", "content": question},
         {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": call["id"], "content": "\n".join(sentences)},
-    ], "tools": AGENT_TOOLS, "expected": value}
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+    ], "tools": tools, "expected": expected}
 
 
 CODE_SOURCES = ("tarfile", "argparse", "configparser", "zipfile", "shutil", "tempfile", "logging/__init__",
@@ -108,15 +116,9 @@ def code_turn(n_tokens: int, depth: float, key: str, value: str) -> dict:
     of Python source as its result, with one planted constant to answer from."""
     lines = source_code(int(n_tokens * CHARS_PER_CODE_TOKEN)).splitlines()
     lines.insert(int(len(lines) * depth), f'DEPLOY_TOKEN_{key.upper().replace("-", "_")} = "{value}"')
-    call = {"id": f"call_{key}", "type": "function",
-            "function": {"name": "read_file", "arguments": orjson.dumps({"path": f"src/{key}.py"}).decode()}}
-    return {"messages": [
-        {"role": "system", "content": "You are a coding agent. Use the tools; answer briefly."},
-        {"role": "user", "content": f"What is the deploy token constant for {key} in src/{key}.py? Reply with its "
-                                    "value only."},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": call["id"], "content": "\n".join(lines)},
-    ], "tools": CODE_TOOLS, "expected": value}
+    return tool_turn("You are a coding agent. Use the tools; answer briefly.",
+                     f"What is the deploy token constant for {key} in src/{key}.py? Reply with its value only.",
+                     f"call_{key}", "read_file", {"path": f"src/{key}.py"}, "\n".join(lines), CODE_TOOLS, value)
 
 
 def main() -> None:

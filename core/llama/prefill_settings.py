@@ -9,7 +9,6 @@ the faster per model file and CPU; the engine reads it at start-up when the sett
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,25 +20,13 @@ from core.errors import ConfigError
 from core.llama.context import Context
 from core.llama.model import Model
 from core.llama.model_files import cached_sha256, models_dir
+from core.machine import cpu_name
 
 
 @dataclass(slots=True, frozen=True)
 class Measured:
     flash_attn: bool
     tokens_per_s: float
-
-
-def cpu_name() -> str:
-    """The CPU's model name and core count: what a measurement is valid for."""
-    name = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name} x{os.cpu_count()}"
 
 
 def settings_path(model: Model) -> Path:
