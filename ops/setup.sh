@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up SpecGate on a fresh machine.
-#   bash ops/setup.sh          .venv with SpecGate (llama-cpp-python builds from source, ~10 min the
-#                              first time, cached by pip afterwards) and the default models
+#   bash ops/setup.sh          .venv with SpecGate (llama-cpp-python builds from source, ~10-15 min the
+#                              first time, its wheel kept per CPU flag set afterwards) and the default models
 #   bash ops/setup.sh --test   the same plus the test extras, redis-server and haproxy
 #   bash ops/setup.sh --unit   .venv-unit: every dependency but llama-cpp-python, the test extras and
 #                              redis-server; no models (what the unit tests need, in seconds)
@@ -48,12 +48,38 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 CMAKE_ARGS="${CMAKE_ARGS:-} $(bash ops/cpu_flags.sh)"  # native, but never AMX (see ops/cpu_flags.sh)
 export CMAKE_ARGS
 .venv/bin/python -m pip install "${PIP_FLAGS[@]}" --upgrade pip
+
+# llama-cpp-python is built once per (version, CMake flags, Python) and its wheel kept under
+# ~/.cache/specgate/wheels: pip's own wheel cache ignores CMAKE_ARGS, so a wheel built on this
+# machine before ops/cpu_flags.sh existed (native, with AMX) would be reused and crash.
+install_llama_cpp() {
+  local pin key dir stamp=.venv/.specgate-llama-build
+  pin=$(.venv/bin/python - <<'PYEOF'
+import tomllib
+deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+print(next(d for d in deps if d.startswith("llama-cpp-python")))
+PYEOF
+)
+  key=$(printf '%s\n' "$pin" "$CMAKE_ARGS" "$(.venv/bin/python -c 'import sys; print(sys.version)')" \
+    | sha256sum | cut -c1-16)
+  [ "$(cat "$stamp" 2>/dev/null)" = "$key" ] && return 0
+  dir=${XDG_CACHE_HOME:-$HOME/.cache}/specgate/wheels/$key
+  if ! compgen -G "$dir/llama_cpp_python-*.whl" >/dev/null; then
+    echo "== building $pin for this CPU (~10-15 min, once per CPU flag set)"
+    rm -rf "$dir.partial"
+    .venv/bin/python -m pip wheel "${PIP_FLAGS[@]}" --no-cache-dir --no-deps -w "$dir.partial" "$pin"
+    rm -rf "$dir" && mv "$dir.partial" "$dir"
+  fi
+  .venv/bin/python -m pip install "${PIP_FLAGS[@]}" --force-reinstall --no-deps "$dir"/llama_cpp_python-*.whl
+  echo "$key" > "$stamp"
+}
+install_llama_cpp
 if [ "$mode" = "--test" ]; then
-  echo "== installing specgate with test extras (first llama-cpp-python build takes ~10 min)"
+  echo "== installing specgate with test extras"
   .venv/bin/python -m pip install "${PIP_FLAGS[@]}" -e '.[test]'
   install_redis
 else
-  echo "== installing specgate (first llama-cpp-python build takes ~10 min)"
+  echo "== installing specgate"
   .venv/bin/python -m pip install "${PIP_FLAGS[@]}" -e .
 fi
 echo "== fetching models"
