@@ -20,7 +20,7 @@ from core.loader import build
 from core.policies import PrefillPolicy
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
-             "long_prefill", "scorers", "constrained", "stateless")
+             "long_prefill", "scorers", "constrained", "stateless", "clients")
 EXTRA_HINT = "the benchmarks need the bench extra: .venv/bin/pip install -e '.[bench]'"
 
 
@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--content", default="logs",
                         help="planner: what the tool result holds, logs and/or code, comma-separated (default logs)")
     parser.add_argument("--out", default="results/bench", help="results folder")
-    parser.add_argument("--arms", help="multi_turn, concurrency, long_prefill or stateless arms to (re)run, "
-                        "comma-separated (default: all)")
+    parser.add_argument("--arms", help="multi_turn, concurrency, long_prefill or stateless arms, or clients' "
+                        "clients, to (re)run, comma-separated (default: all)")
     parser.add_argument("--stateless", action="store_true",
                         help="soak: clients name no session and resend their history (implicit sessions)")
     parser.add_argument("--agents", type=int, default=1, help="stateless: agents at once (default 1)")
@@ -195,10 +195,16 @@ def stateless(r: Run) -> Any:
     return s
 
 
+def clients(r: Run) -> Any:
+    from bench import clients
+
+    return clients.run(r.engine, r.path("clients"), r.arms(tuple(clients.CLIENTS)))
+
+
 REGISTRY: dict[str, Callable[[Run], Any]] = {
     "first_turn": first_turn, "multi_turn": multi_turn, "overhead": overhead, "topp": topp, "planner": planner,
     "soak": soak, "fuzz": fuzz, "failover": failover, "concurrency": concurrency, "long_prefill": long_prefill,
-    "scorers": scorers, "constrained": constrained, "stateless": stateless,
+    "scorers": scorers, "constrained": constrained, "stateless": stateless, "clients": clients,
 }
 
 
