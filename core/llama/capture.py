@@ -14,7 +14,7 @@ import numpy as np
 from core.errors import EngineError
 from core.llama.attention_rows import attention_rows
 from core.llama.backend import _NE_OFFSET, _QK, _SOFTMAX, _ggml
-from core.llama.tensors import flash_inputs
+from core.llama.tensors import flash_inputs, read_view, tensor_at
 
 
 class AttentionCapture:
@@ -100,15 +100,10 @@ def make_capture(kind: str, n_layer: int) -> AttentionCapture:
 
 def _tensor_f32(tensor: int) -> np.ndarray | None:
     """A contiguous f32 tensor's data as [ne2, ne1, ne0]; None for anything else."""
-    if ctypes.c_int.from_address(tensor).value != 0:  # GGML_TYPE_F32
-        return None
-    ne = (ctypes.c_int64 * 4).from_address(tensor + _NE_OFFSET)
-    nb = (ctypes.c_size_t * 4).from_address(tensor + _NE_OFFSET + 32)
-    if nb[0] != 4 or nb[1] != 4 * ne[0] or nb[2] != nb[1] * ne[1]:
-        return None
-    out = np.empty((ne[2], ne[1], ne[0]), dtype=np.float32)
-    _ggml().ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
-    return out
+    t = tensor_at(tensor)
+    if t.type != 0 or t.nb[0] != 4 or t.nb[1] != 4 * t.ne[0] or t.nb[2] != t.nb[1] * t.ne[1]:
+        return None  # GGML_TYPE_F32, rows and planes packed
+    return read_view(tensor)[0]
 
 
 class QKCapture:
