@@ -237,7 +237,9 @@ def turn_result(result: Result, tools: tuple[dict[str, Any], ...] | None) -> Tur
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
-    return TurnResult(message, "tool_calls" if calls else result.finish_reason, result.timings, result.stop_sequence)
+    # a reply cut at max_tokens says so even when calls parsed before the cut (one may be missing)
+    finish = "tool_calls" if calls and result.finish_reason != "length" else result.finish_reason
+    return TurnResult(message, finish, result.timings, result.stop_sequence)
 
 
 def prompt_counts(t: Timings) -> tuple[int, int, int]:

@@ -75,11 +75,14 @@ def _calls_rules(tools: list[dict[str, Any]], syntax: ToolSyntax, parallel: bool
 
 
 def tool_call(tools: list[dict[str, Any]], choice: str, parallel: bool, syntax: ToolSyntax) -> Constraint | None:
-    """``choice``: ``auto`` (lazy), ``required`` or the one function's name; ``none`` -> None."""
+    """``choice``: ``auto`` (lazy), ``required`` or the one function's name; ``none`` -> None.
+    A named function is called exactly once, whatever ``parallel`` says (as OpenAI and vLLM
+    do): a small model held to "that call, then maybe another" repeats it to ``max_tokens``."""
     if choice == "none" or not tools:
         return None
     if choice not in ("auto", "required"):
         tools = [t for t in tools if t["function"]["name"] == choice]
+        parallel = False
     rules = _calls_rules(tools, syntax, parallel)
     if choice == "auto":  # the grammar picks up after the opening tag the model chose to write
         more = f' ("\\n" {OPEN} rest)*' if parallel else ""

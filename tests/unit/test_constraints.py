@@ -59,6 +59,8 @@ def test_parallel_false_allows_one_call_and_auto_is_lazy():
     parallel = constraints.tool_call(list(TOOLS), "required", True, QWEN)
     assert single is not None and parallel is not None
     assert accepts(parallel, one + "\n" + one) and not accepts(single, one + "\n" + one)
+    named = constraints.tool_call(list(TOOLS), "set_alarm", True, QWEN)
+    assert named is not None and accepts(named, one) and not accepts(named, one + "\n" + one)  # once, always
     auto = constraints.tool_call(list(TOOLS), "auto", True, QWEN)
     assert auto is not None and auto.lazy  # starts after the tag the model chose to write
     assert accepts(auto, one.removeprefix("<tool_call>"))

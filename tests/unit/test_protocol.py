@@ -73,6 +73,8 @@ def test_turn_result_parses_calls_once_with_stable_ids():
                                   "prompt_tokens_details": {"cached_tokens": 4}}
     plain = protocol.turn_result(Result("Sunny.", "length", [1], Timings()), TOOLS)
     assert plain.message == {"role": "assistant", "content": "Sunny."} and plain.finish_reason == "length"
+    cut = protocol.turn_result(Result(CALL + "\n" + CALL[:20], "length", [1], Timings()), TOOLS)
+    assert len(cut.tool_calls) == 1 and cut.finish_reason == "length"  # the cut is reported, not hidden
     cancelled = protocol.turn_result(Result("Sun", "cancelled", [1], Timings()), None)
     assert cancelled.finish_reason == "cancelled" and cancelled.openai_finish_reason == "stop"
 
