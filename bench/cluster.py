@@ -3,6 +3,7 @@ cluster tests and ``specgate bench failover``."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import signal
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,16 @@ class Cluster:
     def down(self) -> None:
         subprocess.run(["bash", str(ROOT / "ops/cluster.sh"), "down"], env=self.env, cwd=ROOT, timeout=300,
                        capture_output=True)
+
+
+@contextlib.contextmanager
+def running(directory: Path, n: int, env: dict[str, str]) -> Iterator[Cluster]:
+    """A cluster for the ``with`` block, taken down after it."""
+    cluster = Cluster(directory, n, env)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
 
 
 def _busy(port: int) -> bool:

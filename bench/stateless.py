@@ -8,7 +8,10 @@ bench/agent_session.py).  The same messages go to, each a fresh server:
 - ``specgate_named``: SpecGate, the session named by ``X-Session-Id``;
 - ``specgate_stateless``: SpecGate, no session named: the client resends the whole
   history each turn, and the gateway finds the conversation by its tokens;
-- ``llama_server``: llama.cpp's own server (its prompt cache on, one slot per agent).
+- ``llama_server``: llama.cpp's own server (its prompt cache on, one slot per agent);
+- ``specgate_cluster_stateless``: two SpecGate replicas behind HAProxy with a real
+  redis-server (``ops/cluster.sh``), no session named: the balancer routes on the API
+  key, so each agent (its own key here) stays on one replica and keeps its reuse.
 
 ``agents`` sessions run at once, sharing the system prompt and tools (their logs
 differ).  Per turn: prompt tokens, tokens the server reused (its ``timings.cache_n``),
@@ -18,6 +21,8 @@ and the client's TTFT (first streamed content or tool-call delta).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -27,18 +32,19 @@ from bench.common import free_port, progress, write_result
 from bench.serving import native_server_cmd, server, specgate_cmd
 from core.config import EngineConfig
 
-ARMS = ("specgate_named", "specgate_stateless", "llama_server")
+ARMS = ("specgate_named", "specgate_stateless", "llama_server", "specgate_cluster_stateless")
 LONG_TOKENS = (3000, 3000)
 QUICK_LONG_TOKENS = (600, 600)
 SYSTEM = "You are an operations agent. Use the tools; answer briefly."
 
 
-async def agent(base: str, turns: list[dict[str, Any]], label: str, named: bool) -> list[dict[str, Any]]:
+async def agent(base: str, turns: list[dict[str, Any]], label: str, named: bool, key: str = "bench"
+                ) -> list[dict[str, Any]]:
     import openai
 
     headers = {"X-Session-Id": f"bench-{label}"} if named else {}
     rows: list[dict[str, Any]] = []
-    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="bench", max_retries=0, timeout=3600,
+    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=3600,
                                   default_headers=headers) as client:
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
         for i, turn in enumerate(turns):
@@ -68,13 +74,30 @@ def command(arm: str, port: int, engine: EngineConfig, agents: int) -> list[str]
 
 
 def run_arm(arm: str, engine: EngineConfig, agents: int, sizes: tuple[int, ...], logs: Path) -> dict[str, Any]:
+    keys = [f"sk-bench-{a}" for a in range(agents)]  # one key per agent: the balancer spreads them
+
+    async def all_agents(base: str) -> list[list[dict[str, Any]]]:
+        # same system prompt and tools, different logs (seeds): what 4 agents of one framework send
+        return await asyncio.gather(*(agent(base, script(sizes, seed=11 + a), f"{arm}-{a}", arm.endswith("named"),
+                                            keys[a]) for a in range(agents)))
+    if arm == "specgate_cluster_stateless":
+        with cluster(engine, keys, logs) as c:
+            return {"agents": asyncio.run(all_agents(c.base))}
     port = free_port()
     with server(command(arm, port, engine, agents), port, logs / f"stateless_{arm}_{agents}.log") as base:
-        async def all_agents() -> list[list[dict[str, Any]]]:
-            # same system prompt and tools, different logs (seeds): what 4 agents of one framework send
-            return await asyncio.gather(*(agent(base, script(sizes, seed=11 + a), f"{arm}-{a}", arm.endswith("named"))
-                                          for a in range(agents)))
-        return {"agents": asyncio.run(all_agents())}
+        return {"agents": asyncio.run(all_agents(base))}
+
+
+def cluster(engine: EngineConfig, keys: list[str], logs: Path) -> contextlib.AbstractContextManager[Any]:
+    """Two replicas of the pair behind HAProxy, their logs under ``logs``."""
+    from bench.cluster import running
+
+    folder = logs / "stateless_cluster"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return running(folder, 2, {"SPECGATE_TARGET": engine.target, "SPECGATE_SPECULATOR": engine.speculator,
+                               "SPECGATE_N_CTX": str(engine.n_ctx), "SPECGATE_API_KEYS": ",".join(keys),
+                               "SPECGATE_SLOTS": str(len(keys))})
 
 
 def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
