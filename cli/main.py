@@ -28,6 +28,7 @@ HELP = {
     "min_tokens": "prompts shorter than this skip scoring",
     "break_even": "skip when scoring would cost more than it saves",
     "safety": "break-even safety factor",
+    "bridge": "original mode: also prefill gaps between kept runs that cost less than one more run",
     "scorer": "model that scores prompts: speculator-full | speculator-early:R | target-early:R (first R blocks)",
     "score_agg": "max (over heads and layers) | filter-sum | filter-max (the scorer's last layer, GemFilter)",
     "guard_mode": "structural (keep structure dense, sparsify tool results) | skip (no SpecPrefill with tools)",

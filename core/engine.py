@@ -207,7 +207,7 @@ class Engine:
             scores = (yield from self.score(kv, tokens, policy, t, slot, sync))[q:]
             protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
             kept = select_tokens(scores, policy.selection, protected)
-            if policy.position_mode == "original":
+            if policy.position_mode == "original" and policy.bridge:
                 kept = bridge_gaps(kept, self.costs.target.bridge_tokens(len(kv.target.tokens)))
             t.scoring_ms = (time.perf_counter() - t_start) * 1e3
             n_dense = int(forced_mask(len(delta), 0, 0, protected).sum())

@@ -106,6 +106,7 @@ class PrefillPolicy:
     position_mode: str = per_request("original", POSITION_MODES)
     min_tokens: int = 1024
     break_even: bool = True
+    bridge: bool = True  # original mode: prefill gaps cheaper than one more run (by measured costs)
     safety: float = 1.2
     guard_mode: str = per_request("structural", GUARD_MODES)  # see core/specprefill/guard.py, docs/specprefill.md
     guard_scan_tokens: int = 256  # a raw prompt's head that the keyword scan reads

@@ -3,9 +3,9 @@
     .venv/bin/python ops/bench_flash_attn.py [N]     # N defaults to 3500; prints seconds per span
 
 Attention capture (scoring) needs flash attention off in the speculator's context, so this
-is what that costs; the target runs with ``target_flash_attn`` (auto: measured by ``specgate calibrate --prefill``).  The two
-settings alternate their order between the models, since the first run of a process can
-be slower.
+is what that costs; the target runs with ``target_flash_attn`` (auto: measured by
+``specgate calibrate --prefill``).  The two settings alternate their order between the
+models, since the first run of a process can be slower.
 """
 
 from __future__ import annotations

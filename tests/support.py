@@ -18,7 +18,8 @@ from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, Selecti
 from gateway.serve_config import GatewayConfig, ServeConfig
 
 # what the gateway tests serve by default: SpecPrefill on every prompt, no break-even
-TEST_PREFILL = PrefillPolicy(min_tokens=0, break_even=False, selection=Selection(mass=0.6))
+# no bridging: which gaps get bridged follows costs measured on this machine under its load
+TEST_PREFILL = PrefillPolicy(min_tokens=0, break_even=False, bridge=False, selection=Selection(mass=0.6))
 
 
 def real_model(spec: model_files.ModelSpec) -> Path:
@@ -135,6 +136,12 @@ def start_gateway(target: Path, speculator: Path, prefill: PrefillPolicy = TEST_
 def policy(**fields: Any) -> TurnParams:
     """TurnParams from flat field names: prefill, selection and decoding fields alike."""
     return override(TurnParams(), **fields)
+
+
+def forced(**fields: Any) -> TurnParams:
+    """SpecPrefill on every prompt, the selection prefilled as chosen: no size floor and no
+    cost decisions (break-even, gap bridging), which follow this machine's measured speeds."""
+    return policy(**{"min_tokens": 0, "break_even": False, "bridge": False, **fields})
 
 
 def with_sampling(params: TurnParams, sampling: SamplingParams) -> TurnParams:

@@ -48,7 +48,7 @@ def test_prefill_env_precedence(tiny_target, tiny_speculator, monkeypatch):
     monkeypatch.setenv("SPECGATE_MIN_TOKENS", "100000")
     out = specgate("prefill", "--max-tokens", "2", "--json", stdin=NEEDLE)
     assert json.loads(out.stdout)["specprefill"] == "skipped_min_tokens"
-    out = specgate("prefill", "--max-tokens", "2", "--json", "--min-tokens", "0", "--break-even", "0",
+    out = specgate("prefill", "--max-tokens", "2", "--json", "--min-tokens", "0", "--break-even", "0", "--bridge", "0",
                    stdin=NEEDLE)
     assert json.loads(out.stdout)["specprefill"] == "active"
 

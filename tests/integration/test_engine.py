@@ -12,11 +12,12 @@ from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, TurnCancelle
 from core.policies import SamplingParams
 from core.prompt import Prompt
 from core.runtime.steps import drive
+from core.specprefill.cost_model import PrefillCost
 from core.specprefill.prefill import sparse_prefill
-from tests.support import policy, with_sampling
+from tests.support import forced, policy, with_sampling
 
 GREEDY = SamplingParams(max_tokens=8)
-ALWAYS = policy(min_tokens=0, break_even=False)
+ALWAYS = forced()
 
 
 def long_prompt(engine: Engine, n_sentences: int = 60) -> Prompt:
@@ -81,14 +82,29 @@ def test_active_run_reports_phases_and_selection(tiny_engine):
 
 
 def test_mass_one_keeps_all_and_says_so(tiny_engine):
-    keep_all = policy(min_tokens=0, break_even=False, mass=1.0)
+    keep_all = forced(mass=1.0)
     r = tiny_engine.run(long_prompt(tiny_engine), with_sampling(keep_all, GREEDY))
     assert r.timings.specprefill == "kept_all" and r.timings.prompt_n == r.timings.context_n
 
 
+def test_gaps_are_bridged_when_a_run_costs_more_than_they_do(tiny_engine):
+    prompt, saved = long_prompt(tiny_engine), tiny_engine.costs.target
+
+    def run(bridge: bool):  # a pass costs as much as 10,000 tokens: every gap is cheaper than a run
+        tiny_engine.costs.target = PrefillCost(coef=np.array([1e-4, 0.0, 1.0]), shift_s=0.0)
+        return tiny_engine.run(prompt, with_sampling(forced(mass=0.5, bridge=bridge), GREEDY))
+    try:
+        as_chosen, bridged = run(False), run(True)
+    finally:
+        tiny_engine.costs.target = saved
+    assert as_chosen.timings.specprefill == "active" and as_chosen.timings.kept_runs > 1
+    # first and last tokens are always kept, so bridging every gap keeps one run: the whole prompt
+    assert bridged.timings.kept_runs == 1 and bridged.timings.specprefill == "kept_all"
+
+
 def test_keep_all_output_equals_dense_output(tiny_engine):
     prompt = long_prompt(tiny_engine)
-    kept_all = tiny_engine.run(prompt, with_sampling(policy(min_tokens=0, break_even=False, mass=1.0), GREEDY))
+    kept_all = tiny_engine.run(prompt, with_sampling(forced(mass=1.0), GREEDY))
     dense = tiny_engine.run(prompt, with_sampling(policy(enabled=False), GREEDY))
     assert kept_all.tokens == dense.tokens
 
@@ -102,11 +118,11 @@ def test_planner_statuses_through_the_engine(tiny_engine):
                                                "parameters": {"type": "object", "properties": {}}}}]
     tool_prompt = ChatTemplate(tiny_engine.target).render(
         [{"role": "user", "content": "What is the weather? " * 150}], tools)
-    skipped = tiny_engine.run(tool_prompt, with_sampling(policy(min_tokens=0, break_even=False, guard_mode="skip"),
+    skipped = tiny_engine.run(tool_prompt, with_sampling(forced(guard_mode="skip"),
                                                          GREEDY))
     assert skipped.timings.specprefill == "skipped_tool_guard"
     assert skipped.timings.prompt_n == len(tool_prompt)
-    structural = tiny_engine.run(tool_prompt, with_sampling(policy(min_tokens=0, break_even=False, mass=0.3),
+    structural = tiny_engine.run(tool_prompt, with_sampling(forced(mass=0.3),
                                                             GREEDY))
     assert structural.timings.specprefill == "active"
     assert "system prompt and tool definitions" in structural.timings.specprefill_reason

@@ -12,7 +12,7 @@ from core.config import EngineConfig
 from core.engine import Engine
 from core.llama import model_files
 from core.policies import SamplingParams
-from tests.support import policy, real_model, with_sampling
+from tests.support import forced, real_model, with_sampling
 
 pytestmark = pytest.mark.real
 
@@ -39,7 +39,7 @@ def needle_messages() -> list[dict]:
 def test_planted_fact_survives_sparse_prefill(qwen_pair, mode):
     prompt = ChatTemplate(qwen_pair.target).render(needle_messages())
     # the document and its question are one user message: keep only the question dense
-    params = policy(min_tokens=0, break_even=False, select_mode="chunk", keep_fraction=0.3,
+    params = forced(select_mode="chunk", keep_fraction=0.3,
                     position_mode=mode, lookahead=4, guard_user_tokens=48)
     r = qwen_pair.run(prompt, with_sampling(params, SamplingParams(max_tokens=24)))
     assert r.timings.specprefill == "active"
@@ -128,7 +128,7 @@ def test_agent_turn_with_a_long_tool_result_runs_active_and_the_next_call_parses
         {"role": "tool", "tool_call_id": "call_1", "content": result},
     ]
     gw = start_gateway(real_model(model_files.TARGET), real_model(model_files.SPECULATOR),
-                       prefill=PrefillPolicy(min_tokens=0, break_even=False))
+                       prefill=PrefillPolicy(min_tokens=0, break_even=False, bridge=False))
     try:
         client = openai.OpenAI(base_url=gw.base + "/v1", api_key="unused", max_retries=0)
         reply = client.chat.completions.create(model="specgate", messages=messages, tools=AGENT_TOOLS,

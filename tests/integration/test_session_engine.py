@@ -13,11 +13,11 @@ from core.results import Timings
 from core.runtime.steps import drive
 from core.session_kv import SessionKV, cached_indices, common_prefix
 from core.specprefill.cost_model import PrefillCost
-from tests.support import policy, with_sampling
+from tests.support import forced, with_sampling
 
 GREEDY = SamplingParams(max_tokens=6)
-KEEP_ALL = policy(min_tokens=0, break_even=False, mass=1.0)
-SPARSE = policy(min_tokens=0, break_even=False, mass=0.5, guard_user_tokens=16)  # sparsify the question too
+KEEP_ALL = forced(mass=1.0)
+SPARSE = forced(mass=0.5, guard_user_tokens=16)  # sparsify the question too
 
 
 def doc(i: int, n: int = 12) -> str:

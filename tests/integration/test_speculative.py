@@ -12,7 +12,7 @@ import pytest
 
 from core.policies import SamplingParams
 from core.session_kv import SessionKV
-from tests.support import policy, with_sampling
+from tests.support import forced, policy, with_sampling
 
 PLAIN = policy(enabled=False)
 SPECULATIVE = policy(enabled=False, speculative=True)
@@ -206,7 +206,7 @@ def test_speculative_decoding_on_a_mirrored_draft_equals_plain_decoding(smol_pai
     e = smol_pair_engine
     kv = SessionKV()
     e.slot_kv.load(None)
-    sparse = policy(min_tokens=0, break_even=False, mass=0.5, guard_user_tokens=16)
+    sparse = forced(mass=0.5, guard_user_tokens=16)
     doc = " ".join(f"Entry {k}: the pump at site {k % 7} logged {k * 13 % 97} litres." for k in range(40))
     msgs = [{"role": "user", "content": doc + " Which site logged most?"}]
     r1 = run(e, msgs, sparse, SamplingParams(max_tokens=8), kv)
