@@ -13,9 +13,14 @@ bench/agent_session.py).  The same messages go to, each a fresh server:
   redis-server (``ops/cluster.sh``), no session named: the balancer routes on the API
   key, so each agent (its own key here) stays on one replica and keeps its reuse.
 
-``agents`` sessions run at once, sharing the system prompt and tools (their logs
-differ).  Per turn: prompt tokens, tokens the server reused (its ``timings.cache_n``),
-and the client's TTFT (first streamed content or tool-call delta).
+Every arm's servers are up for the whole run and the turns are interleaved: turn 1
+in every arm, then turn 2 in every arm, and so on.  A turn's arms thus run minutes
+apart, not a whole session apart, so a shared machine's drift in speed lands on all
+of them alike.  ``agents`` sessions run at once in each arm, sharing the system
+prompt and tools (their logs differ).  Per turn: prompt tokens, tokens the server
+reused (its ``timings.cache_n``), the client's TTFT (first streamed content or
+tool-call delta; a tool call streams once it parses, so a call turn's TTFT includes
+its decode) and the server's own (``timings.ttft_ms``: first token sampled).
 """
 
 from __future__ import annotations
@@ -38,32 +43,29 @@ QUICK_LONG_TOKENS = (600, 600)
 SYSTEM = "You are an operations agent. Use the tools; answer briefly."
 
 
-async def agent(base: str, turns: list[dict[str, Any]], label: str, named: bool, key: str = "bench"
-                ) -> list[dict[str, Any]]:
-    import openai
+class Agent:
+    """One agent's conversation: its client, and the history it resends each turn."""
 
-    headers = {"X-Session-Id": f"bench-{label}"} if named else {}
-    rows: list[dict[str, Any]] = []
-    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=3600,
-                                  default_headers=headers) as client:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
-        for i, turn in enumerate(turns):
-            messages += turn["append"]
-            r = await request(client, messages)
-            t = r["timings"] or {}
-            cached = int(t.get("cache_n", 0))
-            prompt = int(t.get("context_n") or (t.get("prompt_n", 0) + cached))
-            rows.append({"turn": i + 1, "prompt_tokens": prompt, "reused_tokens": cached,
-                         "ttft_s": round(r["ttft_s"], 3), "server_ttft_ms": t.get("ttft_ms"),
-                         "specprefill": t.get("specprefill"), "tool_calls": len(r["tool_calls"]),
-                         "predicted_n": t.get("predicted_n"), "total_s": round(r["total_s"], 3)})
-            progress(f"{label} turn {i + 1}: prompt {prompt} reused {cached} ttft {r['ttft_s']:.2f}s")
-            reply: dict[str, Any] = {"role": "assistant", "content": r["answer"] or None}
-            if r["tool_calls"]:
-                reply["tool_calls"] = [{"id": f"call_r{i}_{k}", "type": "function", "function": c}
-                                       for k, c in enumerate(r["tool_calls"])]
-            messages.append(reply if reply["content"] or r["tool_calls"] else {"role": "assistant", "content": ""})
-    return rows
+    def __init__(self, client: Any, turns: list[dict[str, Any]], label: str) -> None:
+        self.client, self.turns, self.label = client, turns, label
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+
+    async def step(self, i: int) -> dict[str, Any]:
+        self.messages += self.turns[i]["append"]
+        r = await request(self.client, self.messages)
+        t = r["timings"] or {}
+        cached = int(t.get("cache_n", 0))
+        prompt = int(t.get("context_n") or (t.get("prompt_n", 0) + cached))
+        progress(f"{self.label} turn {i + 1}: prompt {prompt} reused {cached} ttft {r['ttft_s']:.2f}s")
+        reply: dict[str, Any] = {"role": "assistant", "content": r["answer"] or None}
+        if r["tool_calls"]:
+            reply["tool_calls"] = [{"id": f"call_r{i}_{k}", "type": "function", "function": c}
+                                   for k, c in enumerate(r["tool_calls"])]
+        self.messages.append(reply if reply["content"] or r["tool_calls"] else {"role": "assistant", "content": ""})
+        return {"turn": i + 1, "prompt_tokens": prompt, "reused_tokens": cached,
+                "ttft_s": round(r["ttft_s"], 3), "server_ttft_ms": t.get("ttft_ms"),
+                "specprefill": t.get("specprefill"), "tool_calls": len(r["tool_calls"]),
+                "predicted_n": t.get("predicted_n"), "total_s": round(r["total_s"], 3)}
 
 
 def command(arm: str, port: int, engine: EngineConfig, agents: int) -> list[str]:
@@ -73,19 +75,18 @@ def command(arm: str, port: int, engine: EngineConfig, agents: int) -> list[str]
     return specgate_cmd(port, engine, slots=max(agents, 1))
 
 
-def run_arm(arm: str, engine: EngineConfig, agents: int, sizes: tuple[int, ...], logs: Path) -> dict[str, Any]:
-    keys = [f"sk-bench-{a}" for a in range(agents)]  # one key per agent: the balancer spreads them
+def keys(agents: int) -> list[str]:
+    return [f"sk-bench-{a}" for a in range(agents)]  # one key per agent: the balancer spreads them
 
-    async def all_agents(base: str) -> list[list[dict[str, Any]]]:
-        # same system prompt and tools, different logs (seeds): what 4 agents of one framework send
-        return await asyncio.gather(*(agent(base, script(sizes, seed=11 + a), f"{arm}-{a}", arm.endswith("named"),
-                                            keys[a]) for a in range(agents)))
+
+def start(stack: contextlib.ExitStack, arm: str, engine: EngineConfig, agents: int, logs: Path) -> str:
+    """Start ``arm``'s server(s) for the ``stack``'s lifetime; its base URL."""
+    progress(f"stateless: starting {arm}")
     if arm == "specgate_cluster_stateless":
-        with cluster(engine, keys, logs) as c:
-            return {"agents": asyncio.run(all_agents(c.base))}
+        return str(stack.enter_context(cluster(engine, keys(agents), logs)).base)
     port = free_port()
-    with server(command(arm, port, engine, agents), port, logs / f"stateless_{arm}_{agents}.log") as base:
-        return {"agents": asyncio.run(all_agents(base))}
+    return stack.enter_context(server(command(arm, port, engine, agents), port,
+                                      logs / f"stateless_{arm}_{agents}.log"))
 
 
 def cluster(engine: EngineConfig, keys: list[str], logs: Path) -> contextlib.AbstractContextManager[Any]:
@@ -100,6 +101,31 @@ def cluster(engine: EngineConfig, keys: list[str], logs: Path) -> contextlib.Abs
                                "SPECGATE_SLOTS": str(len(keys))})
 
 
+async def interleaved(bases: dict[str, str], agents: int, sizes: tuple[int, ...],
+                      on_turn: Any) -> dict[str, dict[str, Any]]:
+    """Each turn in every arm before the next turn; ``on_turn(results)`` after each."""
+    import openai
+
+    results: dict[str, dict[str, Any]] = {arm: {"agents": [[] for _ in range(agents)]} for arm in bases}
+    async with contextlib.AsyncExitStack() as stack:
+        crowd: dict[str, list[Agent]] = {}
+        for arm, base in bases.items():
+            crowd[arm] = []
+            for a, key in enumerate(keys(agents)):
+                headers = {"X-Session-Id": f"bench-{arm}-{a}"} if arm.endswith("named") else {}
+                client = await stack.enter_async_context(openai.AsyncOpenAI(
+                    base_url=base + "/v1", api_key=key, max_retries=0, timeout=3600, default_headers=headers))
+                # same system prompt and tools, different logs (seeds): what N agents of one framework send
+                crowd[arm].append(Agent(client, script(sizes, seed=11 + a), f"{arm}-{a}"))
+        for i in range(len(crowd[next(iter(bases))][0].turns)):
+            for arm, group in crowd.items():
+                rows = await asyncio.gather(*(ag.step(i) for ag in group))
+                for a, row in enumerate(rows):
+                    results[arm]["agents"][a].append(row)
+            on_turn(results)
+    return results
+
+
 def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for arm, res in results.items():
@@ -107,13 +133,21 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         out[arm] = [{"turn": rows[0]["turn"],
                      "prompt_tokens": round(statistics.mean(r["prompt_tokens"] for r in rows)),
                      "reused_tokens": round(statistics.mean(r["reused_tokens"] for r in rows)),
-                     "ttft_s": round(statistics.mean(r["ttft_s"] for r in rows), 2)} for rows in per_turn]
+                     "ttft_s": round(statistics.mean(r["ttft_s"] for r in rows), 2),
+                     "server_ttft_s": server_ttft(rows)} for rows in per_turn]
     named = out.get("specgate_named")
     for arm, turns in out.items():
         if named and arm != "specgate_named":
-            for t, n in zip(turns, named, strict=True):
+            for t, n in zip(turns, named, strict=False):
                 t["ttft_vs_named"] = round(t["ttft_s"] / n["ttft_s"], 2) if n["ttft_s"] else None
+                if t["server_ttft_s"] and n["server_ttft_s"]:
+                    t["server_ttft_vs_named"] = round(t["server_ttft_s"] / n["server_ttft_s"], 2)
     return out
+
+
+def server_ttft(rows: tuple[dict[str, Any], ...]) -> float | None:
+    ms = [r["server_ttft_ms"] for r in rows if r.get("server_ttft_ms") is not None]
+    return round(statistics.mean(ms) / 1000, 2) if len(ms) == len(rows) else None
 
 
 def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = ARMS, agents: int = 1) -> dict[str, Any]:
@@ -122,11 +156,14 @@ def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = AR
                           n_threads=engine.n_threads)
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[str, Any]] = {}
-    for arm in arms:
-        progress(f"stateless: {arm}, {agents} agent(s)")
-        results[arm] = run_arm(arm, engine, agents, sizes, logs)
+
+    def save(results: dict[str, dict[str, Any]]) -> None:
         write_result(out, "stateless", {"long_tokens": sizes, "agents": agents, "n_ctx": engine.n_ctx,
-                                        "arms": results, "summary": summarize(results)},
+                                        "interleaved": True, "arms": results, "summary": summarize(results)},
                      {"target": engine.target, "speculator": engine.speculator})
+
+    with contextlib.ExitStack() as stack:
+        bases = {arm: start(stack, arm, engine, agents, logs) for arm in arms}
+        progress(f"stateless: {', '.join(arms)} up; {agents} agent(s) each, turns interleaved")
+        results = asyncio.run(interleaved(bases, agents, sizes, save))
     return summarize(results)
