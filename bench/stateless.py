@@ -16,7 +16,10 @@ bench/agent_session.py).  The same messages go to, each a fresh server:
 Every arm's servers are up for the whole run and the turns are interleaved: turn 1
 in every arm, then turn 2 in every arm, and so on.  A turn's arms thus run minutes
 apart, not a whole session apart, so a shared machine's drift in speed lands on all
-of them alike.  ``agents`` sessions run at once in each arm, sharing the system
+of them alike.  Break-even is off in every SpecGate arm: it decides from the costs
+each server times at start-up, and where SpecPrefill and dense cost about the same
+(this pair on a 2-core CPU) that noise alone sent one arm dense and the others
+sparse in the same run (89 s against 62 s on turn 1).  ``agents`` sessions run at once in each arm, sharing the system
 prompt and tools (their logs differ).  Per turn: prompt tokens, tokens the server
 reused (its ``timings.cache_n``), the client's TTFT (first streamed content or
 tool-call delta; a tool call streams once it parses, so a call turn's TTFT includes
@@ -40,6 +43,9 @@ from core.config import EngineConfig
 ARMS = ("specgate_named", "specgate_stateless", "llama_server", "specgate_cluster_stateless")
 LONG_TOKENS = (3000, 3000)
 QUICK_LONG_TOKENS = (600, 600)
+# the server's per-model breakdown, to tell a slower turn's cause (scoring, selection, prefill)
+TIMINGS = ("prompt_n", "kept_runs", "prompt_ms", "speculator_cache_n", "speculator_prefill_n",
+           "speculator_prefill_ms", "speculator_mirrored_n", "lookahead_ms", "scoring_ms", "prefix_shared_n")
 SYSTEM = "You are an operations agent. Use the tools; answer briefly."
 
 
@@ -65,14 +71,15 @@ class Agent:
         return {"turn": i + 1, "prompt_tokens": prompt, "reused_tokens": cached,
                 "ttft_s": round(r["ttft_s"], 3), "server_ttft_ms": t.get("ttft_ms"),
                 "specprefill": t.get("specprefill"), "tool_calls": len(r["tool_calls"]),
-                "predicted_n": t.get("predicted_n"), "total_s": round(r["total_s"], 3)}
+                "predicted_n": t.get("predicted_n"), "total_s": round(r["total_s"], 3),
+                "timings": {k: t.get(k) for k in TIMINGS}}
 
 
 def command(arm: str, port: int, engine: EngineConfig, agents: int) -> list[str]:
     if arm == "llama_server":
         return native_server_cmd(port, EngineConfig(target=engine.target, speculator=engine.speculator,
                                                     n_ctx=engine.n_ctx, n_threads=engine.n_threads), agents)
-    return specgate_cmd(port, engine, slots=max(agents, 1))
+    return specgate_cmd(port, engine, slots=max(agents, 1), break_even="false")
 
 
 def keys(agents: int) -> list[str]:
@@ -98,7 +105,7 @@ def cluster(engine: EngineConfig, keys: list[str], logs: Path) -> contextlib.Abs
     folder.mkdir(parents=True)
     return running(folder, 2, {"SPECGATE_TARGET": engine.target, "SPECGATE_SPECULATOR": engine.speculator,
                                "SPECGATE_N_CTX": str(engine.n_ctx), "SPECGATE_API_KEYS": ",".join(keys),
-                               "SPECGATE_SLOTS": str(len(keys))})
+                               "SPECGATE_SLOTS": str(len(keys)), "SPECGATE_BREAK_EVEN": "false"})
 
 
 async def interleaved(bases: dict[str, str], agents: int, sizes: tuple[int, ...],
