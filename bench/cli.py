@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "clients, to (re)run, comma-separated (default: all)")
     parser.add_argument("--stateless", action="store_true",
                         help="soak: clients name no session and resend their history (implicit sessions)")
+    parser.add_argument("--turns", type=int, default=None, help="soak: turns per session (default 10; quick 5)")
     parser.add_argument("--agents", type=int, default=1, help="stateless: agents at once (default 1)")
     parser.add_argument("--sessions", help="concurrency levels, comma-separated (default: 1,2,4,8,12; quick 1,2,4)")
     parser.add_argument("--stagger", action="store_true",
@@ -127,6 +128,7 @@ def soak(r: Run) -> Any:
     from bench import plots, soak
 
     sessions, turns = (20, 5) if r.quick else (100, 10)
+    turns = r.args.turns or turns
     name = "soak_stateless" if r.args.stateless else "soak"
     s = soak.run(*_tiny(), r.path(name), sessions, turns, r.args.stateless)
     plots.soak(orjson.loads(r.path(name).read_bytes())["samples"], r.path(name, "png"))
