@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stateless", action="store_true",
                         help="soak: clients name no session and resend their history (implicit sessions)")
     parser.add_argument("--turns", type=int, default=None, help="soak: turns per session (default 10; quick 5)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="stateless: rounds of new conversations, one after another (default 1)")
     parser.add_argument("--agents", type=int, default=1, help="stateless: agents at once (default 1)")
     parser.add_argument("--sessions", help="concurrency levels, comma-separated (default: 1,2,4,8,12; quick 1,2,4)")
     parser.add_argument("--stagger", action="store_true",
@@ -192,7 +194,8 @@ def stateless(r: Run) -> Any:
     from bench import plots, stateless
 
     name = f"stateless_{r.args.agents}agents"
-    s = stateless.run(r.engine, r.quick, r.path(name), r.arms(stateless.ARMS), r.args.agents)
+    s = stateless.run(r.engine, r.quick, r.path(name), r.arms(stateless.ARMS), r.args.agents,
+                      r.args.repeats)
     plots.stateless(s, r.path(name, "png"))
     return s
 

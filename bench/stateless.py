@@ -108,39 +108,46 @@ def cluster(engine: EngineConfig, keys: list[str], logs: Path) -> contextlib.Abs
                                "SPECGATE_SLOTS": str(len(keys)), "SPECGATE_BREAK_EVEN": "false"})
 
 
-async def interleaved(bases: dict[str, str], agents: int, sizes: tuple[int, ...],
-                      on_turn: Any) -> dict[str, dict[str, Any]]:
-    """Each turn in every arm before the next turn; ``on_turn(results)`` after each."""
+async def interleaved(bases: dict[str, str], agents: int, sizes: tuple[int, ...], on_turn: Any,
+                      repeats: int = 1) -> dict[str, dict[str, Any]]:
+    """Each turn in every arm before the next turn; ``on_turn(results)`` after each.
+    ``repeats`` rounds of ``agents`` new conversations each (other logs), one round after another."""
     import openai
 
-    results: dict[str, dict[str, Any]] = {arm: {"agents": [[] for _ in range(agents)]} for arm in bases}
+    results: dict[str, dict[str, Any]] = {arm: {"agents": []} for arm in bases}
     async with contextlib.AsyncExitStack() as stack:
-        crowd: dict[str, list[Agent]] = {}
+        clients: dict[tuple[str, int], Any] = {}
         for arm, base in bases.items():
-            crowd[arm] = []
             for a, key in enumerate(keys(agents)):
-                headers = {"X-Session-Id": f"bench-{arm}-{a}"} if arm.endswith("named") else {}
-                client = await stack.enter_async_context(openai.AsyncOpenAI(
-                    base_url=base + "/v1", api_key=key, max_retries=0, timeout=3600, default_headers=headers))
-                # same system prompt and tools, different logs (seeds): what N agents of one framework send
-                crowd[arm].append(Agent(client, script(sizes, seed=11 + a), f"{arm}-{a}"))
-        for i in range(len(crowd[next(iter(bases))][0].turns)):
-            for arm, group in crowd.items():
-                rows = await asyncio.gather(*(ag.step(i) for ag in group))
-                for a, row in enumerate(rows):
-                    results[arm]["agents"][a].append(row)
-            on_turn(results)
+                clients[arm, a] = await stack.enter_async_context(openai.AsyncOpenAI(
+                    base_url=base + "/v1", api_key=key, max_retries=0, timeout=3600))
+        for r in range(repeats):
+            # same system prompt and tools, different logs (seeds): what N agents of one framework send
+            crowd = {arm: [Agent(clients[arm, a].with_options(default_headers=(
+                {"X-Session-Id": f"bench-{arm}-{r}-{a}"} if arm.endswith("named") else {})),
+                script(sizes, seed=11 + a + 100 * r), f"{arm}-{r}-{a}") for a in range(agents)] for arm in bases}
+            for arm in bases:
+                results[arm]["agents"] += [[] for _ in range(agents)]
+            for i in range(len(next(iter(crowd.values()))[0].turns)):
+                for arm, group in crowd.items():
+                    rows = await asyncio.gather(*(ag.step(i) for ag in group))
+                    for a, row in enumerate(rows):
+                        results[arm]["agents"][r * agents + a].append(row)
+                on_turn(results)
     return results
 
 
 def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for arm, res in results.items():
-        per_turn = list(zip(*res["agents"], strict=True))  # turn -> each agent's row
+        n_turns = max((len(c) for c in res["agents"]), default=0)
+        # turn -> every conversation's row (a round still running has fewer turns)
+        per_turn = [tuple(c[i] for c in res["agents"] if len(c) > i) for i in range(n_turns)]
         out[arm] = [{"turn": rows[0]["turn"],
                      "prompt_tokens": round(statistics.mean(r["prompt_tokens"] for r in rows)),
                      "reused_tokens": round(statistics.mean(r["reused_tokens"] for r in rows)),
                      "ttft_s": round(statistics.mean(r["ttft_s"] for r in rows), 2),
+                     "ttft_median_s": round(statistics.median(r["ttft_s"] for r in rows), 2),
                      "server_ttft_s": server_ttft(rows)} for rows in per_turn]
     named = out.get("specgate_named")
     for arm, turns in out.items():
@@ -157,7 +164,10 @@ def server_ttft(rows: tuple[dict[str, Any], ...]) -> float | None:
     return round(statistics.mean(ms) / 1000, 2) if len(ms) == len(rows) else None
 
 
-def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = ARMS, agents: int = 1) -> dict[str, Any]:
+def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = ARMS, agents: int = 1,
+        repeats: int = 1) -> dict[str, Any]:
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, not {repeats}")
     sizes = QUICK_LONG_TOKENS if quick else LONG_TOKENS
     engine = EngineConfig(target=engine.target, speculator=engine.speculator, n_ctx=8192 if quick else 12288,
                           n_threads=engine.n_threads)
@@ -165,12 +175,13 @@ def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = AR
     logs.mkdir(parents=True, exist_ok=True)
 
     def save(results: dict[str, dict[str, Any]]) -> None:
-        write_result(out, "stateless", {"long_tokens": sizes, "agents": agents, "n_ctx": engine.n_ctx,
-                                        "interleaved": True, "arms": results, "summary": summarize(results)},
+        write_result(out, "stateless", {"long_tokens": sizes, "agents": agents, "repeats": repeats,
+                                        "n_ctx": engine.n_ctx, "interleaved": True, "arms": results,
+                                        "summary": summarize(results)},
                      {"target": engine.target, "speculator": engine.speculator})
 
     with contextlib.ExitStack() as stack:
         bases = {arm: start(stack, arm, engine, agents, logs) for arm in arms}
         progress(f"stateless: {', '.join(arms)} up; {agents} agent(s) each, turns interleaved")
-        results = asyncio.run(interleaved(bases, agents, sizes, save))
+        results = asyncio.run(interleaved(bases, agents, sizes, save, repeats))
     return summarize(results)
