@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import statistics
 import time
 
 import aiohttp
@@ -82,12 +83,14 @@ def test_a_paused_redis_neither_fails_nor_stalls_turns_and_the_store_converges(t
     redis = RedisServer()
     srv = ServerProcess(tiny_target, tiny_speculator, "--redis-url", redis.url)
 
-    def three_turns(msgs: list[dict]) -> tuple[list[dict], float]:
-        t0 = time.perf_counter()
+    def three_turns(msgs: list[dict]) -> tuple[list[dict], list[float]]:
+        took = []
         for i in range(3):
             msgs = [*msgs, {"role": "assistant", "content": "ok"}, {"role": "user", "content": f"Turn {i}."}]
+            t0 = time.perf_counter()
             assert chat(srv.base, "p-1", msgs).status_code == 200
-        return msgs, time.perf_counter() - t0
+            took.append(time.perf_counter() - t0)
+        return msgs, took
 
     try:
         msgs, healthy = three_turns([{"role": "user", "content": "Hello."}])
@@ -100,9 +103,10 @@ def test_a_paused_redis_neither_fails_nor_stalls_turns_and_the_store_converges(t
             assert "specgate_store_pending_writes 1.0" in metrics  # the replies went out; the record waits
         finally:
             os.kill(redis.proc.pid, signal.SIGCONT)
-        # a Redis call on the reply path would wait out its timeout and retry (>1 s) every turn; the
-        # comparison is with the same 3 turns against a healthy Redis, with room for a noisy machine
-        assert paused < healthy + 2.5, f"3 turns: {healthy:.2f}s with Redis, {paused:.2f}s with it paused"
+        # a Redis call on the reply path would wait out its timeout and retry (>1 s) on every turn,
+        # the fastest included; a busy machine slows some turns, so the fastest paused turn is
+        # compared with a typical healthy one
+        assert min(paused) < statistics.median(healthy) + 0.7, f"turns: {healthy} with Redis, {paused} paused"
         for _ in range(100):
             if (rec := record(redis, "p-1")) and rec["turns"] == 6:
                 break
