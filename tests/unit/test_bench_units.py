@@ -126,3 +126,24 @@ def test_concurrency_counts_answers_with_their_own_and_with_another_sessions_cod
             {"session": "a-2-1", "turn": 1, "answer": f"{code[(1, 1)]} and {code[(0, 2)]}"},
             {"session": "a-2-1", "turn": 2, "answer": None}]
     assert quoted_codes(rows, params) == {"answers_own_code": 2, "answers_foreign_code": 1}
+
+
+def test_stateless_summary_compares_each_turn_with_named_and_takes_a_running_round():
+    from bench.stateless import summarize
+
+    def row(turn: int, ttft: float, server_ms: float | None = None) -> dict:
+        return {"turn": turn, "prompt_tokens": 100 * turn, "reused_tokens": 90 * (turn - 1), "ttft_s": ttft,
+                "server_ttft_ms": server_ms}
+
+    named = {"agents": [[row(1, 10.0, 9000), row(2, 4.0, 3000)], [row(1, 30.0, 29000), row(2, 6.0, 5000)],
+                        [row(1, 20.0, 19000)]]}  # the third round stopped after turn 1
+    stateless = {"agents": [[row(1, 11.0, 10000), row(2, 6.0, 5000)], [row(1, 28.0, 27000), row(2, 9.0, None)],
+                            [row(1, 21.0, 20000)]]}
+    s = summarize({"specgate_named": named, "specgate_stateless": stateless})
+    assert [t["turn"] for t in s["specgate_named"]] == [1, 2]
+    assert s["specgate_named"][0]["ttft_s"] == 20.0 and s["specgate_named"][1]["ttft_s"] == 5.0
+    t1, t2 = s["specgate_stateless"]
+    assert t1["ttft_s"] == 20.0 and t1["ttft_median_s"] == 21.0 and t1["ttft_vs_named"] == 1.0
+    assert t1["server_ttft_s"] == 19.0 and t1["server_ttft_vs_named"] == 1.0
+    assert t2["ttft_vs_named"] == 1.5 and t2["reused_tokens"] == 90
+    assert t2["server_ttft_s"] is None and "server_ttft_vs_named" not in t2  # one row had none: no mean
