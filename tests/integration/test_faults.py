@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import statistics
 import time
 
 import aiohttp
@@ -104,9 +103,9 @@ def test_a_paused_redis_neither_fails_nor_stalls_turns_and_the_store_converges(t
         finally:
             os.kill(redis.proc.pid, signal.SIGCONT)
         # a Redis call on the reply path would wait out its timeout and retry (>1 s) on every turn,
-        # the fastest included; a busy machine slows some turns, so the fastest paused turn is
-        # compared with a typical healthy one
-        assert min(paused) < statistics.median(healthy) + 0.7, f"turns: {healthy} with Redis, {paused} paused"
+        # the fastest included; a busy machine slows some turns (the first ones warm up), so the
+        # fastest paused turn is compared with the fastest healthy one
+        assert min(paused) < min(healthy) + 0.7, f"turns: {healthy} with Redis, {paused} paused"
         for _ in range(100):
             if (rec := record(redis, "p-1")) and rec["turns"] == 6:
                 break
