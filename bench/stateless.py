@@ -19,8 +19,8 @@ apart, not a whole session apart, so a shared machine's drift in speed lands on 
 of them alike.  Break-even is off in every SpecGate arm: it decides from the costs
 each server times at start-up, and where SpecPrefill and dense cost about the same
 (this pair on a 2-core CPU) that noise alone sent one arm dense and the others
-sparse in the same run (89 s against 62 s on turn 1).  ``agents`` sessions run at once in each arm, sharing the system
-prompt and tools (their logs differ).  Per turn: prompt tokens, tokens the server
+sparse in the same run (89 s against 62 s on turn 1).  ``agents`` sessions run at
+once in each arm, sharing the system prompt and tools (their logs differ).  Per turn: prompt tokens, tokens the server
 reused (its ``timings.cache_n``), the client's TTFT (first streamed content or
 tool-call delta; a tool call streams once it parses, so a call turn's TTFT includes
 its decode) and the server's own (``timings.ttft_ms``: first token sampled).
@@ -108,6 +108,12 @@ def cluster(engine: EngineConfig, keys: list[str], logs: Path) -> contextlib.Abs
                                "SPECGATE_SLOTS": str(len(keys)), "SPECGATE_BREAK_EVEN": "false"})
 
 
+def agent(client: Any, arm: str, r: int, a: int, sizes: tuple[int, ...]) -> Agent:
+    """Round ``r``'s agent ``a`` of ``arm``: a named arm sends its session id, the others none."""
+    headers = {"X-Session-Id": f"bench-{arm}-{r}-{a}"} if arm.endswith("named") else {}
+    return Agent(client.with_options(default_headers=headers), script(sizes, seed=11 + a + 100 * r), f"{arm}-{r}-{a}")
+
+
 async def interleaved(bases: dict[str, str], agents: int, sizes: tuple[int, ...], on_turn: Any,
                       repeats: int = 1) -> dict[str, dict[str, Any]]:
     """Each turn in every arm before the next turn; ``on_turn(results)`` after each.
@@ -123,9 +129,7 @@ async def interleaved(bases: dict[str, str], agents: int, sizes: tuple[int, ...]
                     base_url=base + "/v1", api_key=key, max_retries=0, timeout=3600))
         for r in range(repeats):
             # same system prompt and tools, different logs (seeds): what N agents of one framework send
-            crowd = {arm: [Agent(clients[arm, a].with_options(default_headers=(
-                {"X-Session-Id": f"bench-{arm}-{r}-{a}"} if arm.endswith("named") else {})),
-                script(sizes, seed=11 + a + 100 * r), f"{arm}-{r}-{a}") for a in range(agents)] for arm in bases}
+            crowd = {arm: [agent(clients[arm, a], arm, r, a, sizes) for a in range(agents)] for arm in bases}
             for arm in bases:
                 results[arm]["agents"] += [[] for _ in range(agents)]
             for i in range(len(next(iter(crowd.values()))[0].turns)):
