@@ -15,6 +15,7 @@ from core.policies import Scorer
 KV_LAYOUTS = ("split", "unified")  # see core/llama/context.py
 CAPTURES = ("auto", "flash", "softmax")  # see core/llama/capture.py
 FLASH_ATTN = ("auto", "on", "off")  # see core/llama/prefill_settings.py
+KV_CACHE_TYPES = ("f16", "q8_0")  # see core/llama/context.py
 
 
 @dataclass(slots=True, frozen=True)
@@ -32,6 +33,8 @@ class EngineConfig:
     attention_capture: str = "auto"  # how scoring reads attention (core/llama/capture.py): flash runs the
     # scoring model with flash attention and recomputes the rows; softmax reads kq_soft_max with it off;
     # auto: flash unless `specgate calibrate --prefill` measured the scoring model faster without it
+    kv_type: str = "f16"  # both models' KV cache: q8_0 holds ~half the bytes, needs flash attention in both
+    # (--target-flash-attn on, --attention-capture flash), and prefilled 2.8x slower on the Xeon-AMX CPU
     calibrate_tokens: int = 128
     layer_map: str = ""  # SpecAttn layer map JSON; empty = the one `specgate calibrate` stored for this pair
     slots: int = 4  # sessions resident at once in both contexts (each up to n_ctx tokens); 1 = one turn at a time
@@ -48,6 +51,7 @@ class EngineConfig:
         _one_of("kv_layout", self.kv_layout, KV_LAYOUTS)
         _one_of("attention_capture", self.attention_capture, CAPTURES)
         _one_of("target_flash_attn", self.target_flash_attn, FLASH_ATTN)
+        _one_of("kv_type", self.kv_type, KV_CACHE_TYPES)
         _require(self.step_tokens >= 0, f"step_tokens must be >= 0, got {self.step_tokens}")
         _require(self.prefill_share >= 0, f"prefill_share must be >= 0, got {self.prefill_share}")
         _require(self.slots < self.n_batch, f"n_batch ({self.n_batch}) must exceed slots ({self.slots})")

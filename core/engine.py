@@ -71,16 +71,17 @@ class Engine:
             startup.check_memory(config, self.target, self.speculator)
             self.capture = make_capture(prefill_settings.scoring_capture(config.attention_capture, self.speculator),
                                         self.speculator.n_layer)
+            target_flash = prefill_settings.resolve(config.target_flash_attn, self.target)
+            startup.check_kv_type(config.kv_type, target_flash, self.capture.flash_attn)
             unified = config.kv_layout == "unified"
             self.target_ctx = Context(self.target, n_ctx=config.n_ctx, n_batch=config.n_batch,
-                                      n_ubatch=config.n_ubatch, n_threads=config.n_threads,
-                                      flash_attn=prefill_settings.resolve(config.target_flash_attn, self.target),
-                                      views=unified or config.slots == 1,
-                                      n_seq=config.slots, unified=unified or config.slots == 1)
+                                      n_ubatch=config.n_ubatch, n_threads=config.n_threads, flash_attn=target_flash,
+                                      views=unified or config.slots == 1, n_seq=config.slots,
+                                      unified=unified or config.slots == 1, kv_type=config.kv_type)
             self.speculator_ctx = Context(self.speculator, n_ctx=config.speculator_ctx_len, n_batch=config.n_batch,
                                           n_ubatch=config.n_ubatch, n_threads=config.n_threads,
                                           flash_attn=self.capture.flash_attn, capture=self.capture, n_seq=config.slots,
-                                          unified=unified or config.slots == 1)
+                                          unified=unified or config.slots == 1, kv_type=config.kv_type)
         except Exception:
             self.close()
             raise

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from core.config import EngineConfig
 from core.errors import ConfigError, VocabMismatch
+from core.llama.context import KV_ELEMENT_BYTES
 from core.llama.model import Model
 
 if TYPE_CHECKING:
@@ -40,10 +41,24 @@ def available_bytes() -> int | None:
     return None
 
 
+def check_kv_type(kv_type: str, target_flash_attn: bool, capture_flash_attn: bool) -> None:
+    """A quantized KV cache needs flash attention in both contexts (llama.cpp quantizes V
+    only there); say which setting stands in the way."""
+    if kv_type == "f16":
+        return
+    if not target_flash_attn:
+        raise ConfigError(f"--kv-type {kv_type} needs flash attention in the target: set --target-flash-attn on "
+                          "(auto chose off: `specgate calibrate --prefill` measured it faster here)")
+    if not capture_flash_attn:
+        raise ConfigError(f"--kv-type {kv_type} needs flash attention in the scoring model: set "
+                          "--attention-capture flash")
+
+
 def check_memory(config: EngineConfig, target: Model, speculator: Model) -> None:
     """Refuse a slot configuration whose KV caches and weights do not fit in memory."""
-    kv = config.slots * (config.n_ctx * target.kv_bytes_per_token
-                         + config.speculator_ctx_len * speculator.kv_bytes_per_token)
+    per_f16 = KV_ELEMENT_BYTES[config.kv_type] / KV_ELEMENT_BYTES["f16"]  # Model counts f16 bytes
+    kv = int(config.slots * per_f16 * (config.n_ctx * target.kv_bytes_per_token
+                                       + config.speculator_ctx_len * speculator.kv_bytes_per_token))
     need, have = kv + target.size_bytes + speculator.size_bytes, available_bytes()
     if have is not None and need > have:
         mib = 1 << 20

@@ -72,6 +72,17 @@ def scorer_settings(scorers: tuple[str, ...]) -> list[Setting]:
     return out
 
 
+def capture_settings(captures: tuple[str, ...]) -> list[Setting]:
+    """The default scorer (lookahead 1, original and compact positions) once per attention
+    capture: the first capture is the engine's own (scorer ``full``), each other one an extra
+    scoring engine named ``capture-<kind>``."""
+    out = []
+    for i, kind in enumerate(captures):
+        scorer = "full" if i == 0 else f"capture-{kind}"
+        out += [Setting(f"{kind}-la1-{mode}", mode, lookahead=1, scorer=scorer) for mode in ("original", "compact")]
+    return out
+
+
 def settings(quick: bool, truncated: tuple[int, ...], scorers: tuple[str, ...] = ()) -> list[Setting]:
     out = []
     for mode in ("original", "compact"):
@@ -141,18 +152,27 @@ def retention_ci(dense: list[bool], sparse: list[bool], rounds: int = 2000) -> t
 
 
 def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tuple[int, ...], out: Path,
-             early: tuple[str, ...] = (), only_scorers: bool = False) -> Any:
-    """``early``: cheaper scorers (:func:`scorer_model`); ``only_scorers``: skip the policy grid."""
+             early: tuple[str, ...] = (), only_scorers: bool = False, captures: tuple[str, ...] = ()) -> Any:
+    """``early``: cheaper scorers (:func:`scorer_model`); ``only_scorers``: skip the policy grid;
+    ``captures``: compare attention captures (:func:`capture_settings`) instead of policies."""
     from core.engine import Engine
 
-    cfg = model_files.with_default_models(EngineConfig(n_ctx=4096, calibrate_tokens=0))
+    if captures:  # a capture comparison runs no other scorer
+        truncated, early = (), ()
+    cfg = model_files.with_default_models(EngineConfig(n_ctx=4096, calibrate_tokens=0,
+                                                       attention_capture=captures[0] if captures else "auto"))
     target, speculator = cfg.target, cfg.speculator
     engine = Engine(cfg)
     paths = {**{f"K{k}": derived(k) for k in truncated}, **{name: scorer_model(name) for name in early}}
     scorers = {name: Engine(EngineConfig(target=str(p), speculator=str(p), n_ctx=4096, calibrate_tokens=0))
                for name, p in paths.items()}
+    scorers |= {f"capture-{kind}": Engine(EngineConfig(target=speculator, speculator=speculator, n_ctx=4096,
+                                                       calibrate_tokens=0, attention_capture=kind))
+                for kind in captures[1:]}
     policy = PrefillPolicy()
-    arms = scorer_settings(early) if only_scorers else settings(quick, truncated, early)
+    arms = (capture_settings(captures) if captures else
+            scorer_settings(early) if only_scorers else settings(quick, truncated, early))
+    reference = Setting("default", lookahead=policy.lookahead if captures else 8)  # overlaps are against it
     tasks = eval_tasks.generate(per_family, seed, words)
     rows = resumed(out / "eval.json", {"per_family": per_family, "seed": seed, "words": words}, arms)
     meta = {"params": {"per_family": per_family, "seed": seed, "words": words},
@@ -172,7 +192,7 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
             steps = {"full": capture(engine, tokens)}
             for name, scorer in scorers.items():
                 steps[name] = capture(scorer, tokens)
-            full_default = kept_for(steps["full"][0], n, Setting("default"), policy, guard)
+            full_default = kept_for(steps["full"][0], n, reference, policy, guard)
             answers: dict[tuple[str, bytes], tuple[str, float]] = {}  # arms that keep the same tokens answer alike
             for s in arms:
                 kept = kept_for(steps[s.scorer][0], n, s, policy, guard)

@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scorers", default="", help="cheaper scorers, e.g. S8,S12,T9,T14: the speculator's (S) "
                         "or the target's (T) first k blocks, with the guide's and the filter layer's aggregation")
     parser.add_argument("--only-scorers", action="store_true", help="run the cheaper-scorer arms only")
+    parser.add_argument("--captures", default="", help="compare attention captures instead, e.g. flash,softmax: "
+                        "the default scorer read through each (the first is the engine's own)")
     parser.add_argument("--out", default="results/eval")
     g = parser.add_argument_group("--specattn")
     g.add_argument("--specattn", action="store_true", help="SpecAttn: perplexity vs KV access, and decode speed")
@@ -43,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
     early = tuple(x.strip() for x in args.scorers.split(",") if x.strip())
     if bad := [x for x in early if x[:1] not in ("S", "T") or not x[1:].isdigit()]:
         raise SystemExit(f"--scorers: expected names like S8 or T14, got {bad}")
+    captures = tuple(x.strip() for x in args.captures.split(",") if x.strip())
+    if any(x not in ("flash", "softmax") for x in captures) or len(set(captures)) != len(captures):
+        raise SystemExit(f"--captures: expected distinct names from flash, softmax, got {args.captures!r}")
     summary = answer_quality.run_eval(per_family, args.seed, args.words, args.quick, truncated, Path(args.out),
-                                      early, args.only_scorers)
+                                      early, args.only_scorers, captures)
     print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     return 0

@@ -14,6 +14,9 @@ from core.llama.capture import AttentionCapture, QKCapture
 from core.llama.model import Model
 
 VIEW_SEQ = 1  # the view's sequence id in a one-slot context with views
+# KV cache element types, and their bytes per element
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
+KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
 
 
 class Context:
@@ -36,7 +39,8 @@ class Context:
 
     def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int,
                  flash_attn: bool, capture: AttentionCapture | None = None, views: bool = False,
-                 probe: QKCapture | None = None, n_seq: int = 1, unified: bool | None = None) -> None:
+                 probe: QKCapture | None = None, n_seq: int = 1, unified: bool | None = None,
+                 kv_type: str = "f16") -> None:
         self.model = model
         unified = (views or n_seq == 1) if unified is None else unified
         if views and not unified:
@@ -50,6 +54,7 @@ class Context:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.no_perf = True
+        params.type_k = KV_TYPES[kv_type]
         params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                   else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self.capture, self.probe = capture, probe
@@ -62,6 +67,10 @@ class Context:
             params.cb_eval = probe.callback
             params.cb_eval_user_data = None
         self.flash_attn = params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        # llama.cpp quantizes V only with flash attention; without it V stays f16 (a K-only
+        # q8_0 context is what the flash capture's q8_0 rows are tested against)
+        params.type_v = params.type_k if self.flash_attn else llama_cpp.GGML_TYPE_F16
+        self.kv_type = kv_type
         self._ptr = llama_cpp.llama_init_from_model(model._ptr, params)
         if not self._ptr:
             raise EngineError(f"llama.cpp could not create a context (n_ctx={n_ctx}, n_seq={n_seq})")

@@ -1,6 +1,6 @@
 """Reading ggml tensors from inside the eval callback: the ``ggml_tensor`` struct, strided
-views of f32/f16 data, and the inputs of a flash-attention node (for
-:class:`core.llama.capture.FlashCapture`)."""
+views of f32/f16 data (and of q8_0 blocks, dequantized), and the inputs of a
+flash-attention node (for :class:`core.llama.capture.FlashCapture`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from core.llama.attention_rows import FlashInputs
 from core.llama.backend import _ggml
 
 _DTYPES = {0: np.float32, 1: np.float16}  # GGML_TYPE_F32, GGML_TYPE_F16
+GGML_TYPE_Q8_0 = 8
+Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])  # block_q8_0: an f16 scale, 32 int8s
+TYPE_NAMES = {0: "f32", 1: "f16", GGML_TYPE_Q8_0: "q8_0"}
 _CACHE_K = re.compile(rb"^cache_\w*k_l(\d+)")
 
 
@@ -50,13 +53,22 @@ def read_view(address: int) -> np.ndarray:
     """A tensor's elements as [ne3, ne2, ne1, ne0], following its strides (permuted views
     included): the bytes it spans are copied once."""
     t = tensor_at(address)
-    dtype = _DTYPES.get(t.type)
-    if dtype is None:
-        raise EngineError(f"cannot read tensor {t.name!r} of ggml type {t.type}: f32 and f16 only")
+    if t.type not in TYPE_NAMES:
+        raise EngineError(f"cannot read tensor {t.name!r} of ggml type {t.type}: f32, f16 and q8_0 only")
     nbytes = _checked().ggml_nbytes(address)
     raw = np.empty(nbytes, dtype=np.uint8)
     _ggml().ggml_backend_tensor_get(address, raw.ctypes.data, 0, nbytes)
-    return np.ndarray(tuple(reversed(t.ne)), dtype=dtype, buffer=raw, strides=tuple(reversed(t.nb)))
+    if t.type == GGML_TYPE_Q8_0:  # ne[0] counts elements, nb[0] is one 32-element block
+        shape = (*reversed(t.ne[1:]), t.ne[0] // 32)
+        blocks = np.ndarray(shape, dtype=Q8_0_BLOCK, buffer=raw, strides=tuple(reversed(t.nb)))
+        return dequantize_q8_0(blocks)
+    return np.ndarray(tuple(reversed(t.ne)), dtype=_DTYPES[t.type], buffer=raw, strides=tuple(reversed(t.nb)))
+
+
+def dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
+    """q8_0 blocks [..., n_blocks] as float32 [..., n_blocks * 32] (scale x int8, as ggml does)."""
+    values = blocks["d"].astype(np.float32)[..., None] * blocks["qs"].astype(np.float32)
+    return values.reshape(*blocks.shape[:-1], -1)
 
 
 def _root_name(address: int) -> bytes:
@@ -78,4 +90,5 @@ def flash_inputs(address: int) -> tuple[int, FlashInputs]:
         raise EngineError("a flash-attention node that reads no KV cache tensor")
     q, k, mask = read_view(node.src[0])[0], read_view(node.src[1])[0], read_view(node.src[3])[0, 0]
     n_kv = node.op_params[4] or k.shape[1]  # a node may attend only its first n_kv_max keys
-    return int(match.group(1)), FlashInputs(q, k[:, :n_kv], mask[:, :n_kv], float(scale), float(softcap))
+    k_type = TYPE_NAMES[tensor_at(node.src[1]).type]
+    return int(match.group(1)), FlashInputs(q, k[:, :n_kv], mask[:, :n_kv], float(scale), float(softcap), k_type)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.llama.attention_rows import FlashInputs, attention_rows
+from core.llama.attention_rows import FlashInputs, attention_rows, round_q8_0
+from core.llama.tensors import Q8_0_BLOCK, dequantize_q8_0
 
 RNG = np.random.default_rng(7)
 
@@ -64,3 +65,39 @@ def test_inconsistent_shapes_are_refused():
         FlashInputs(x.q[:3], x.k, x.mask, x.scale)
     with pytest.raises(ValueError, match="mask"):
         FlashInputs(x.q, x.k, x.mask[:, :5], x.scale)
+
+
+def test_q8_0_rounding_follows_ggml_quantize_row_q8_0():
+    block = np.linspace(-2.0, 1.0, 32, dtype=np.float32)  # max |x| = 2: scale 2/127
+    d = np.float32(np.float16(2.0 / 127))
+    np.testing.assert_allclose(round_q8_0(block[None]), np.round(block / (2.0 / 127))[None] * d, rtol=0, atol=0)
+    assert (round_q8_0(np.zeros((2, 64), np.float32)) == 0).all()  # a zero block has scale 0, not NaN
+    two = np.concatenate([block, 100 * block])[None]  # each block of 32 has its own scale
+    np.testing.assert_allclose(round_q8_0(two)[0, 32:] / 100, round_q8_0(block[None])[0], rtol=1e-3)
+
+
+def test_q8_0_blocks_dequantize_to_scale_times_values():
+    blocks = np.zeros((2, 3), dtype=Q8_0_BLOCK)
+    blocks["d"] = np.float16(0.5)
+    blocks["qs"][1, 2] = np.arange(-16, 16)
+    out = dequantize_q8_0(blocks)
+    assert out.shape == (2, 96) and out.dtype == np.float32
+    np.testing.assert_array_equal(out[1, 64:], 0.5 * np.arange(-16, 16))
+    assert (out[0] == 0).all() and (out[1, :64] == 0).all()
+
+
+def test_a_q8_0_cache_rounds_the_query_to_q8_0_blocks():
+    x = inputs(d=64)
+    k = round_q8_0(x.k.astype(np.float32))  # a q8_0 cache, dequantized
+    rows = attention_rows(FlashInputs(x.q, k, x.mask, x.scale, k_type="q8_0"))
+    group = x.q.shape[0] // k.shape[0]
+    q = round_q8_0(x.q[:, -1])
+    want = []
+    for h in range(x.q.shape[0]):
+        s = k[h // group].astype(np.float64) @ q[h] * x.scale + x.mask[x.q.shape[1] - 1]
+        want.append(np.exp(s - s.max()) / np.exp(s - s.max()).sum())
+    np.testing.assert_allclose(rows, np.array(want), rtol=1e-5, atol=1e-7)
+    unrounded = attention_rows(FlashInputs(x.q, k, x.mask, x.scale, k_type="f32"))
+    assert np.abs(rows - unrounded).max() > 1e-6  # the rounding is applied, not skipped
+    with pytest.raises(ValueError, match="k_type"):
+        FlashInputs(x.q[..., :40], k[..., :40], x.mask, x.scale, k_type="q8_0")  # not whole blocks
