@@ -237,3 +237,29 @@ def test_an_early_scorer_deeper_than_its_model_is_refused(tiny_target, tiny_spec
 
     with pytest.raises(ConfigError, match="has 3 blocks: a cut must keep 1 to 3, got 9"):
         Engine(engine_config(tiny_target, tiny_speculator, scorer="target-early:9", calibrate_tokens=0))
+
+
+def test_a_q8_0_kv_cache_runs_specprefill_and_keep_all_still_equals_dense(tiny_target, tiny_speculator):
+    from tests.support import engine_config
+
+    engine = Engine(engine_config(tiny_target, tiny_speculator, kv_type="q8_0", target_flash_attn="on",
+                                  attention_capture="flash", calibrate_tokens=0, slots=1))
+    try:
+        assert engine.target_ctx.kv_type == engine.speculator_ctx.kv_type == "q8_0"
+        prompt = long_prompt(engine)
+        r = engine.run(prompt, with_sampling(ALWAYS, GREEDY))
+        assert r.timings.specprefill == "active" and 0 < r.timings.prompt_n < r.timings.context_n
+        kept_all = engine.run(prompt, with_sampling(forced(mass=1.0), GREEDY))
+        dense = engine.run(prompt, with_sampling(policy(enabled=False), GREEDY))
+        assert kept_all.tokens == dense.tokens
+    finally:
+        engine.close()
+
+
+def test_a_q8_0_kv_cache_without_flash_attention_is_refused(tiny_target, tiny_speculator):
+    from core.errors import ConfigError
+    from tests.support import engine_config
+
+    with pytest.raises(ConfigError, match="--target-flash-attn on"):
+        Engine(engine_config(tiny_target, tiny_speculator, kv_type="q8_0", target_flash_attn="off",
+                             calibrate_tokens=0, slots=1))

@@ -85,3 +85,17 @@ def test_speculative_decoding_by_default_needs_the_whole_speculator():
         build(ServeConfig, {"scorer": "target-early:9", "speculative": True})
     assert build(ServeConfig, {"scorer": "target-early:9"}).engine.scorer == "target-early:9"
     assert build(ServeConfig, {"speculative": True}).decoding.speculative
+
+
+def test_kv_type_is_checked_against_the_flash_attention_settings():
+    from core.startup import check_kv_type
+
+    assert build(EngineConfig, {}, {"SPECGATE_KV_TYPE": "q8_0"}).kv_type == "q8_0"
+    with pytest.raises(ConfigError, match="kv_type"):
+        EngineConfig(kv_type="q4_0")
+    check_kv_type("f16", False, False)  # f16 runs with either setting
+    check_kv_type("q8_0", True, True)
+    with pytest.raises(ConfigError, match="--target-flash-attn on"):
+        check_kv_type("q8_0", False, True)
+    with pytest.raises(ConfigError, match="--attention-capture flash"):
+        check_kv_type("q8_0", True, False)
