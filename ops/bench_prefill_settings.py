@@ -2,6 +2,7 @@
 flash attention on with n_ubatch 512, 1024, 2048, off with 512, and on with a q8_0 KV cache.
 
     .venv/bin/python ops/bench_prefill_settings.py spec 4000      # or: target 4000 [settings, e.g. fa512,q8]
+    .venv/bin/python ops/bench_prefill_settings.py /path/to/model.gguf 4000 fa512   # any GGUF file
 
 The prompt is Python source (bench.textgen.source_code).  Prints one line per setting.
 """
@@ -25,7 +26,8 @@ def main() -> None:
     which, n = sys.argv[1], int(sys.argv[2])
     names = sys.argv[3].split(",") if len(sys.argv) > 3 else list(SETTINGS)
     init_backend()
-    model = Model(str(model_files.model_path(model_files.SPECULATOR if which == "spec" else model_files.TARGET)))
+    spec = model_files.SPECULATOR if which == "spec" else model_files.TARGET
+    model = Model(which if which.endswith(".gguf") else str(model_files.model_path(spec)))
     tokens = model.tokenize(source_code(int(n * 3.6)))[:n]
     for name in names:
         fa, ub, kv = SETTINGS[name]
@@ -36,7 +38,8 @@ def main() -> None:
         t0 = time.perf_counter()
         ctx.decode(tokens, 0, logits_last=False)
         dt = time.perf_counter() - t0
-        print(f"{which} fa={fa} ubatch={ub} kv={kv} n={len(tokens)}: {dt:.1f}s {len(tokens) / dt:.1f} t/s", flush=True)
+        print(f"{model.path.name} fa={fa} ubatch={ub} kv={kv} n={len(tokens)}: {dt:.1f}s "
+              f"{len(tokens) / dt:.1f} t/s", flush=True)
         ctx.close()
     model.close()
 
