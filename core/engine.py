@@ -55,8 +55,8 @@ KIND_SAMPLE = 4096  # tokens read to tell code from logs and prose (core.specpre
 class Engine:
     """Owns both models and their contexts, each with ``config.slots`` sequences.
 
-    ``speculator`` is the scoring model: the speculator itself, or an early-layer cut
-    of either model (``config.scorer``, core.llama.scorer_cuts)."""
+    ``speculator`` is the scoring model: the speculator itself, its Q4_0 copy, or an
+    early-layer cut of either model (``config.scorer``, core.llama.scorer_cuts)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

@@ -42,11 +42,12 @@ def request_bounds(cls: type) -> dict[str, tuple[type, Any, Any]]:
 
 class ScorerKind(enum.StrEnum):
     SPECULATOR_FULL = "speculator-full"
+    SPECULATOR_Q4_0 = "speculator-q4_0"  # the whole speculator, block weights re-quantized to Q4_0
     SPECULATOR_EARLY = "speculator-early"
     TARGET_EARLY = "target-early"
 
 
-_SCORER = re.compile(r"^(speculator-full)$|^(speculator-early|target-early):([1-9][0-9]*)$")
+_SCORER = re.compile(r"^(speculator-full|speculator-q4_0)$|^(speculator-early|target-early):([1-9][0-9]*)$")
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,9 +61,9 @@ class Scorer:
     def parse(cls, text: str) -> Scorer:
         m = _SCORER.match(text)
         if not m:
-            raise ConfigError(f"scorer must be speculator-full, speculator-early:R or target-early:R "
-                              f"(R blocks, e.g. target-early:9), got {text!r}")
-        return cls() if m.group(1) else cls(ScorerKind(m.group(2)), int(m.group(3)))
+            raise ConfigError(f"scorer must be speculator-full, speculator-q4_0, speculator-early:R or "
+                              f"target-early:R (R blocks, e.g. target-early:9), got {text!r}")
+        return cls(ScorerKind(m.group(1))) if m.group(1) else cls(ScorerKind(m.group(2)), int(m.group(3)))
 
     @property
     def drafts(self) -> bool:

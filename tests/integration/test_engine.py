@@ -263,3 +263,36 @@ def test_a_q8_0_kv_cache_without_flash_attention_is_refused(tiny_target, tiny_sp
     with pytest.raises(ConfigError, match="--target-flash-attn on"):
         Engine(engine_config(tiny_target, tiny_speculator, kv_type="q8_0", target_flash_attn="off",
                              calibrate_tokens=0, slots=1))
+
+
+def test_the_q4_0_scorer_is_the_whole_speculator_requantized_behind_the_same_flow(tiny_target, tiny_speculator):
+    import gguf
+
+    from core.errors import InvalidRequest
+    from tests.support import engine_config
+
+    engine = Engine(engine_config(tiny_target, tiny_speculator, scorer="speculator-q4_0", calibrate_tokens=0,
+                                  slots=1))
+    try:
+        copy, source = gguf.GGUFReader(engine.speculator.path), gguf.GGUFReader(tiny_speculator)
+        assert "-q4_0-" in engine.speculator.path.name and engine.speculator.n_layer == 2
+        before = {t.name: t for t in source.tensors}
+        for t in copy.tensors:
+            was = before.pop(t.name)
+            if t.name.startswith("blk.") and was.tensor_type.name != "F32":  # block weights: now Q4_0, values close
+                assert t.tensor_type.name == "Q4_0"
+                old = gguf.quants.dequantize(was.data, was.tensor_type)
+                new = gguf.quants.dequantize(t.data, t.tensor_type)
+                old, new = old.reshape(-1, 32), new.reshape(-1, 32)  # Q4_0 blocks: scale = max / -8
+                step = np.abs(old).max(axis=1, keepdims=True) / 8  # one 4-bit step of each block
+                assert (np.abs(new - old) <= 1.01 * step + 1e-7).all()
+                assert np.abs(new - old).mean() < 0.3 * step.mean()  # mostly well inside a step
+            else:  # norms, the embedding and the output matrix: copied as they are
+                assert t.tensor_type == was.tensor_type and np.array_equal(t.data, was.data)
+        assert not before
+        r = engine.run(long_prompt(engine), with_sampling(ALWAYS, GREEDY))
+        assert r.timings.specprefill == "active" and 0 < r.timings.prompt_n < r.timings.context_n
+        with pytest.raises(InvalidRequest, match="--scorer speculator-full"):
+            engine.run(long_prompt(engine), with_sampling(policy(speculative=True), GREEDY))
+    finally:
+        engine.close()

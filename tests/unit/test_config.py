@@ -64,6 +64,7 @@ def test_nested_configs_build_from_flat_flags_and_env():
 
 @pytest.mark.parametrize(("text", "kind", "blocks", "drafts"), [
     ("speculator-full", ScorerKind.SPECULATOR_FULL, 0, True),
+    ("speculator-q4_0", ScorerKind.SPECULATOR_Q4_0, 0, False),
     ("speculator-early:8", ScorerKind.SPECULATOR_EARLY, 8, False),
     ("target-early:14", ScorerKind.TARGET_EARLY, 14, False),
 ])
@@ -74,9 +75,10 @@ def test_scorer_names_parse(text, kind, blocks, drafts):
 
 
 @pytest.mark.parametrize("text", ["speculator", "target-early", "target-early:0", "target-early:-3",
-                                  "speculator-early:x", "draft-early:4", "speculator-full:2", ""])
+                                  "speculator-early:x", "draft-early:4", "speculator-full:2", "speculator-q4_0:2",
+                                  "speculator-q8_0", ""])
 def test_bad_scorer_names_are_refused_with_the_forms(text):
-    with pytest.raises(ConfigError, match="speculator-full, speculator-early:R or target-early:R"):
+    with pytest.raises(ConfigError, match="speculator-full, speculator-q4_0, speculator-early:R or target-early:R"):
         EngineConfig(scorer=text)
 
 
