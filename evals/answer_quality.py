@@ -22,6 +22,7 @@ from bench.common import progress, write_result
 from bench.derived_models import derived
 from core.config import EngineConfig
 from core.llama import model_files
+from core.llama.scorer_cuts import requantized
 from core.policies import PrefillPolicy, SamplingParams, Selection, TurnParams
 from core.prompt import Prompt
 from core.results import Timings
@@ -50,7 +51,10 @@ class Setting:
 
 
 def scorer_model(name: str) -> Path:
-    """``S{k}``: the speculator's first k blocks; ``T{k}``: the target's (GemFilter proper)."""
+    """``S{k}``: the speculator's first k blocks; ``T{k}``: the target's (GemFilter proper);
+    ``q4_0``: the whole speculator re-quantized to Q4_0 (``--scorer speculator-q4_0``)."""
+    if name == "q4_0":
+        return requantized(model_files.model_path(model_files.SPECULATOR), "Q4_0", model_files.SPECULATOR.sha256)
     spec = {"S": model_files.SPECULATOR, "T": model_files.TARGET}[name[0]]
     return derived(int(name[1:]), spec)
 
@@ -63,6 +67,9 @@ def scorer_settings(scorers: tuple[str, ...]) -> list[Setting]:
            Setting("full-max-la1-compact", "compact", lookahead=1),
            Setting("full-filter-sum-la1-original", lookahead=1, agg="filter-sum")]
     for name in scorers:
+        if name == "q4_0":  # the whole model: the default aggregation, in both position modes
+            out += [Setting(f"q4_0-max-la1-{mode}", mode, scorer=name, lookahead=1) for mode in ("original", "compact")]
+            continue
         out.append(Setting(f"{name}-max-la1-original", scorer=name, agg="max", lookahead=1))
         for la in (0, 1):
             out.append(Setting(f"{name}-filter-sum-la{la}-original", scorer=name, agg="filter-sum", lookahead=la))

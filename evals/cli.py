@@ -16,7 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="1 task per family and a small grid")
     parser.add_argument("--truncated", default="6,12", help="layer-truncated scorers to test (blocks), '' for none")
     parser.add_argument("--scorers", default="", help="cheaper scorers, e.g. S8,S12,T9,T14: the speculator's (S) "
-                        "or the target's (T) first k blocks, with the guide's and the filter layer's aggregation")
+                        "or the target's (T) first k blocks, with the guide's and the filter layer's aggregation; "
+                        "q4_0: the whole speculator re-quantized to Q4_0")
     parser.add_argument("--only-scorers", action="store_true", help="run the cheaper-scorer arms only")
     parser.add_argument("--captures", default="", help="compare attention captures instead, e.g. flash,softmax: "
                         "the default scorer read through each (the first is the engine's own)")
@@ -43,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     per_family = 1 if args.quick else args.per_family
     truncated = tuple(int(x) for x in args.truncated.split(",") if x)
     early = tuple(x.strip() for x in args.scorers.split(",") if x.strip())
-    if bad := [x for x in early if x[:1] not in ("S", "T") or not x[1:].isdigit()]:
-        raise SystemExit(f"--scorers: expected names like S8 or T14, got {bad}")
+    if bad := [x for x in early if x != "q4_0" and (x[:1] not in ("S", "T") or not x[1:].isdigit())]:
+        raise SystemExit(f"--scorers: expected names like S8, T14 or q4_0, got {bad}")
     captures = tuple(x.strip() for x in args.captures.split(",") if x.strip())
     if any(x not in ("flash", "softmax") for x in captures) or len(set(captures)) != len(captures):
         raise SystemExit(f"--captures: expected distinct names from flash, softmax, got {args.captures!r}")
