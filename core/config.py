@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from core.errors import ConfigError
 from core.loader import one_of as _one_of
 from core.loader import require as _require
 from core.policies import Scorer
@@ -16,6 +17,7 @@ KV_LAYOUTS = ("split", "unified")  # see core/llama/context.py
 CAPTURES = ("auto", "flash", "softmax")  # see core/llama/capture.py
 FLASH_ATTN = ("auto", "on", "off")  # see core/llama/prefill_settings.py
 KV_CACHE_TYPES = ("f16", "q8_0")  # see core/llama/context.py
+KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32}  # bytes per cached element
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,3 +91,16 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+
+def check_kv_type(kv_type: str, target_flash_attn: bool, capture_flash_attn: bool) -> None:
+    """A quantized KV cache needs flash attention in both contexts (llama.cpp quantizes V
+    only there); say which setting stands in the way."""
+    if kv_type == "f16":
+        return
+    if not target_flash_attn:
+        raise ConfigError(f"--kv-type {kv_type} needs flash attention in the target: set --target-flash-attn on "
+                          "(auto chose off: `specgate calibrate --prefill` measured it faster here)")
+    if not capture_flash_attn:
+        raise ConfigError(f"--kv-type {kv_type} needs flash attention in the scoring model: set "
+                          "--attention-capture flash")

@@ -18,7 +18,7 @@ import numpy as np
 
 from core import startup
 from core.chat import ChatTemplate
-from core.config import EngineConfig
+from core.config import EngineConfig, check_kv_type
 from core.decoding import layer_map
 from core.decoding.decode import Generation, OnText, generate
 from core.decoding.specattn import SparseVerify, layer_weights
@@ -72,7 +72,7 @@ class Engine:
             self.capture = make_capture(prefill_settings.scoring_capture(config.attention_capture, self.speculator),
                                         self.speculator.n_layer)
             target_flash = prefill_settings.resolve(config.target_flash_attn, self.target)
-            startup.check_kv_type(config.kv_type, target_flash, self.capture.flash_attn)
+            check_kv_type(config.kv_type, target_flash, self.capture.flash_attn)
             unified = config.kv_layout == "unified"
             self.target_ctx = Context(self.target, n_ctx=config.n_ctx, n_batch=config.n_batch,
                                       n_ubatch=config.n_ubatch, n_threads=config.n_threads, flash_attn=target_flash,

@@ -7,9 +7,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from core.config import EngineConfig
+from core.config import KV_ELEMENT_BYTES, EngineConfig
 from core.errors import ConfigError, VocabMismatch
-from core.llama.context import KV_ELEMENT_BYTES
 from core.llama.model import Model
 
 if TYPE_CHECKING:
@@ -39,19 +38,6 @@ def available_bytes() -> int | None:
     except OSError:
         return None
     return None
-
-
-def check_kv_type(kv_type: str, target_flash_attn: bool, capture_flash_attn: bool) -> None:
-    """A quantized KV cache needs flash attention in both contexts (llama.cpp quantizes V
-    only there); say which setting stands in the way."""
-    if kv_type == "f16":
-        return
-    if not target_flash_attn:
-        raise ConfigError(f"--kv-type {kv_type} needs flash attention in the target: set --target-flash-attn on "
-                          "(auto chose off: `specgate calibrate --prefill` measured it faster here)")
-    if not capture_flash_attn:
-        raise ConfigError(f"--kv-type {kv_type} needs flash attention in the scoring model: set "
-                          "--attention-capture flash")
 
 
 def check_memory(config: EngineConfig, target: Model, speculator: Model) -> None:

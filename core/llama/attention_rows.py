@@ -36,6 +36,15 @@ class FlashInputs:
             raise ValueError(f"k_type {self.k_type!r} with head size {self.q.shape[2]}")
 
 
+Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])  # ggml's block_q8_0: an f16 scale, 32 int8s
+
+
+def dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
+    """q8_0 blocks [..., n_blocks] as float32 [..., n_blocks * 32] (scale x int8, as ggml does)."""
+    values = blocks["d"].astype(np.float32)[..., None] * blocks["qs"].astype(np.float32)
+    return values.reshape(*blocks.shape[:-1], -1)
+
+
 def round_q8_0(x: np.ndarray) -> np.ndarray:
     """``x`` rounded as ggml's ``quantize_row_q8_0`` stores it, then dequantized: per block of
     32 along the last axis, scale = max|x| / 127 (kept as f16), values = round(x / scale)."""

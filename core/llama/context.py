@@ -14,9 +14,7 @@ from core.llama.capture import AttentionCapture, QKCapture
 from core.llama.model import Model
 
 VIEW_SEQ = 1  # the view's sequence id in a one-slot context with views
-# KV cache element types, and their bytes per element
-KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}
-KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32}
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}  # core.config.KV_CACHE_TYPES
 
 
 class Context:

@@ -11,12 +11,11 @@ import re
 import numpy as np
 
 from core.errors import EngineError
-from core.llama.attention_rows import FlashInputs
+from core.llama.attention_rows import Q8_0_BLOCK, FlashInputs, dequantize_q8_0
 from core.llama.backend import _ggml
 
 _DTYPES = {0: np.float32, 1: np.float16}  # GGML_TYPE_F32, GGML_TYPE_F16
 GGML_TYPE_Q8_0 = 8
-Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", (32,))])  # block_q8_0: an f16 scale, 32 int8s
 TYPE_NAMES = {0: "f32", 1: "f16", GGML_TYPE_Q8_0: "q8_0"}
 _CACHE_K = re.compile(rb"^cache_\w*k_l(\d+)")
 
@@ -63,12 +62,6 @@ def read_view(address: int) -> np.ndarray:
         blocks = np.ndarray(shape, dtype=Q8_0_BLOCK, buffer=raw, strides=tuple(reversed(t.nb)))
         return dequantize_q8_0(blocks)
     return np.ndarray(tuple(reversed(t.ne)), dtype=_DTYPES[t.type], buffer=raw, strides=tuple(reversed(t.nb)))
-
-
-def dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
-    """q8_0 blocks [..., n_blocks] as float32 [..., n_blocks * 32] (scale x int8, as ggml does)."""
-    values = blocks["d"].astype(np.float32)[..., None] * blocks["qs"].astype(np.float32)
-    return values.reshape(*blocks.shape[:-1], -1)
 
 
 def _root_name(address: int) -> bytes:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.llama.attention_rows import FlashInputs, attention_rows, round_q8_0
-from core.llama.tensors import Q8_0_BLOCK, dequantize_q8_0
+from core.llama.attention_rows import Q8_0_BLOCK, FlashInputs, attention_rows, dequantize_q8_0, round_q8_0
 
 RNG = np.random.default_rng(7)
 

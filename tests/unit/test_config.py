@@ -1,6 +1,6 @@
 import pytest
 
-from core.config import EngineConfig
+from core.config import EngineConfig, check_kv_type
 from core.errors import ConfigError
 from core.loader import build, override
 from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, Scorer, ScorerKind, Selection, TurnParams
@@ -90,8 +90,6 @@ def test_speculative_decoding_by_default_needs_the_whole_speculator():
 
 
 def test_kv_type_is_checked_against_the_flash_attention_settings():
-    from core.startup import check_kv_type
-
     assert build(EngineConfig, {}, {"SPECGATE_KV_TYPE": "q8_0"}).kv_type == "q8_0"
     with pytest.raises(ConfigError, match="kv_type"):
         EngineConfig(kv_type="q4_0")
