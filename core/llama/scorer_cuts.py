@@ -31,14 +31,14 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.")
 REQUANTIZABLE = ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # block weight types re-quantized
 
 
-def _write_copy(src: str | Path, dst: str | Path, fields: Callable[[str, Any], Any],
+def _write_copy(reader: Any, dst: str | Path, fields: Callable[[str, Any], Any],
                 tensors: Callable[[Any], tuple[Any, Any] | None]) -> Path:
-    """Write ``dst``: ``src``'s metadata with ``fields(name, value)`` applied, and each tensor
-    as ``tensors(t)`` gives it (``(data, type)``, or None to drop it).  Written beside
-    ``dst`` and renamed, so a stopped write never leaves a file that looks complete."""
+    """Write ``dst``: the metadata of the model ``reader`` (a ``gguf.GGUFReader``) holds,
+    with ``fields(name, value)`` applied, and each tensor as ``tensors(t)`` gives it
+    (``(data, type)``, or None to drop it).  Written beside ``dst`` and renamed, so a
+    stopped write never leaves a file that looks complete."""
     import gguf
 
-    reader = gguf.GGUFReader(str(src))
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     dst = Path(dst)
     tmp = dst.with_name(dst.name + ".partial")
@@ -75,13 +75,14 @@ def truncate_blocks(src: str | Path, dst: str | Path, n_blocks: int) -> Path:
     def in_cut(t: Any) -> tuple[Any, Any] | None:
         m = _BLOCK.match(t.name)
         return (t.data, t.tensor_type) if not m or int(m.group(1)) < n_blocks else None
-    return _write_copy(src, dst, lambda name, value: n_blocks if name == block_key else value, in_cut)
+    return _write_copy(reader, dst, lambda name, value: n_blocks if name == block_key else value, in_cut)
 
 
 def requantize_blocks(src: str | Path, dst: str | Path, target: str) -> Path:
     """Write ``dst``: ``src`` with every block weight of a :data:`REQUANTIZABLE` type
     dequantized and quantized again to ``target`` (the embedding and output matrices and
     the f32 norms are copied as they are)."""
+    import gguf
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
@@ -92,7 +93,7 @@ def requantize_blocks(src: str | Path, dst: str | Path, target: str) -> Path:
         if t.name.startswith("blk.") and t.tensor_type in convertible and t.tensor_type != to:
             return quantize(dequantize(t.data, t.tensor_type), to), to
         return t.data, t.tensor_type
-    return _write_copy(src, dst, lambda name, value: value, converted)
+    return _write_copy(gguf.GGUFReader(str(src)), dst, lambda name, value: value, converted)
 
 
 def derived_dir() -> Path:
