@@ -164,7 +164,8 @@ def summarize(results: dict[str, dict[str, Any]], n_turns: int) -> dict[str, Any
 
 def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
     sizes = QUICK_LONG_TOKENS if quick else LONG_TOKENS
-    engine = EngineConfig(target=engine.target, speculator=engine.speculator, n_ctx=8192 if quick else 12288,
+    engine = EngineConfig(target=engine.target, speculator=engine.speculator, scorer=engine.scorer,
+                          n_ctx=8192 if quick else 12288,
                           n_threads=engine.n_threads)
     turns = script(sizes)
     logs = out.parent / "logs"

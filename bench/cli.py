@@ -47,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "target-early:9/filter-sum,speculator-early:8/max")
     parser.add_argument("--target", default=None)
     parser.add_argument("--speculator", default=None)
+    parser.add_argument("--scorer", default=None,
+                        help="the engine's scoring model, as specgate serve --scorer (default speculator-full)")
 
 
 @dataclass(slots=True, frozen=True)
@@ -224,9 +226,10 @@ def run(args: argparse.Namespace) -> int:
     chosen = args.scenarios or list(SCENARIOS[:3])
     if unknown := set(chosen) - set(REGISTRY):
         raise ConfigError(f"unknown scenario(s) {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
-    built = model_files.with_default_models(build(EngineConfig, {"target": args.target,
-                                                                 "speculator": args.speculator}))
-    engine = EngineConfig(target=built.target, speculator=built.speculator, n_threads=built.n_threads)
+    built = model_files.with_default_models(build(EngineConfig, {"target": args.target, "speculator": args.speculator,
+                                                                 "scorer": args.scorer}))
+    engine = EngineConfig(target=built.target, speculator=built.speculator, n_threads=built.n_threads,
+                          scorer=built.scorer)
     r = Run(args, engine, Path(args.out), "_quick" if args.quick else "")
     summaries = {name: REGISTRY[name](r) for name in SCENARIOS if name in chosen}
     progress("done")

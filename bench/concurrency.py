@@ -236,7 +236,8 @@ def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = AR
     if stagger:
         params["stagger"] = True
     levels = levels or ((1, 2, 4) if quick else (1, 2, 4, 8, 12))
-    engine = EngineConfig(target=engine.target, speculator=engine.speculator, n_threads=engine.n_threads,
+    engine = EngineConfig(target=engine.target, speculator=engine.speculator, scorer=engine.scorer,
+                          n_threads=engine.n_threads,
                           n_ctx=4096 if quick else 8192)
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)

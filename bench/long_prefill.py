@@ -151,7 +151,8 @@ def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = AR
     params: dict[str, Any] = {"streamers": 3, "system_tokens": 400, "tool_tokens": 100, "max_tokens": 48,
                               "long_tokens": 2000 if quick else 8000, "warmup_s": 15,
                               "max_s": 900, "session_turns": 10}
-    engine = EngineConfig(target=engine.target, speculator=engine.speculator, n_threads=engine.n_threads,
+    engine = EngineConfig(target=engine.target, speculator=engine.speculator, scorer=engine.scorer,
+                          n_threads=engine.n_threads,
                           n_ctx=(params["long_tokens"] + 2048))
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,8 @@ def run(engine_cfg: EngineConfig, policy: PrefillPolicy, lengths: list[int], out
         for i, n in enumerate(lengths):
             doc = prompt_doc(content, n, i)
             prompt = engine.chat.render_chat(doc["messages"], doc["tools"])
-            row: dict[str, Any] = {"content": content, "target_tokens": n, "context_n": len(prompt),
+            row: dict[str, Any] = {"content": content, "scorer": cfg.scorer, "target_tokens": n,
+                                   "context_n": len(prompt),
                                    "planner": engine.plan(prompt, policy).status.value,
                                    "planner_fresh": engine.plan(prompt, policy, costs=fresh).status.value,
                                    "costs": costs_json(engine.costs)}

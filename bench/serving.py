@@ -54,7 +54,8 @@ def server(cmd: list[str], port: int, log: Path, pids: list[int] | None = None,
 
 def specgate_cmd(port: int, engine: EngineConfig, **extra: Any) -> list[str]:
     cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--target", engine.target,
-           "--speculator", engine.speculator, "--n-ctx", str(engine.n_ctx), "--log-level", "warning"]
+           "--speculator", engine.speculator, "--scorer", engine.scorer, "--n-ctx", str(engine.n_ctx),
+           "--log-level", "warning"]
     for k, v in extra.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     return cmd

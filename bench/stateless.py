@@ -173,7 +173,8 @@ def run(engine: EngineConfig, quick: bool, out: Path, arms: tuple[str, ...] = AR
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, not {repeats}")
     sizes = QUICK_LONG_TOKENS if quick else LONG_TOKENS
-    engine = EngineConfig(target=engine.target, speculator=engine.speculator, n_ctx=8192 if quick else 12288,
+    engine = EngineConfig(target=engine.target, speculator=engine.speculator, scorer=engine.scorer,
+                          n_ctx=8192 if quick else 12288,
                           n_threads=engine.n_threads)
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from core.decoding import layer_map
 from core.errors import ConfigError
 from core.llama import prefill_settings
 from core.llama.model import Model
+from core.llama.scorer_cuts import scoring_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,9 +36,10 @@ def run(args: argparse.Namespace) -> int:
     names = args.texts or corpus.available(corpus.CALIBRATION)
     if not names:
         raise ConfigError("no calibration texts found; pass --texts")
+    scoring = scoring_model(cfg.scorer, cfg.target, cfg.speculator)  # the file the engine loads and keys by
     if args.prefill:
-        return calibrate_prefill(cfg.target, cfg.speculator, names, args.prefill, cfg.n_threads, cfg.n_ubatch)
-    target, speculator = Model(cfg.target), Model(cfg.speculator)
+        return calibrate_prefill(cfg.target, scoring, names, args.prefill, cfg.n_threads, cfg.n_ubatch)
+    target, speculator = Model(cfg.target), Model(scoring)
     try:
         texts = [target.tokenize(corpus.read(n))[: args.tokens] for n in names]
         t0 = time.perf_counter()

@@ -29,7 +29,8 @@ HELP = {
     "break_even": "skip when scoring would cost more than it saves",
     "safety": "break-even safety factor",
     "bridge": "original mode: also prefill gaps between kept runs that cost less than one more run",
-    "scorer": "model that scores prompts: speculator-full | speculator-early:R | target-early:R (first R blocks)",
+    "scorer": "model that scores prompts: speculator-full | speculator-q4_0 (its Q4_0 copy) | speculator-early:R | "
+              "target-early:R (first R blocks)",
     "score_agg": "max (over heads and layers) | filter-sum | filter-max (the scorer's last layer, GemFilter)",
     "guard_mode": "structural (keep structure dense, sparsify tool results) | skip (no SpecPrefill with tools)",
     "speculative": "speculative decoding: the speculator drafts, the target verifies",

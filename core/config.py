@@ -44,8 +44,9 @@ class EngineConfig:
     step_tokens: int = 256  # the most prefill tokens a step carries while other turns stream; 0 = decode first
     prefill_share: float = 0.5  # such a chunk costs at most this share of the rest of its step; 0 = always
     # step_tokens (core/runtime/chunk_budget.py, README "Many sessions at once")
-    scorer: str = "speculator-full"  # the model that scores prompts (core/llama/scorer_cuts.py): or speculator-early:R,
-    # target-early:R -- the first R blocks of either model (README "A cheaper scorer")
+    scorer: str = "speculator-q4_0"  # the model that scores prompts (core/llama/scorer_cuts.py): the speculator
+    # re-quantized to Q4_0 (scored 1.5x faster and kept every answer, results/scorers.md); speculator-full, the
+    # file as given; speculator-early:R, target-early:R -- the first R blocks of either model
 
     def __post_init__(self) -> None:
         _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
@@ -65,7 +66,7 @@ class EngineConfig:
 
     @property
     def scorer_drafts(self) -> bool:
-        """Whether the scoring model is the whole speculator (speculative decoding drafts with it)."""
+        """Whether the scoring model is a whole speculator (speculative decoding drafts with it)."""
         return Scorer.parse(self.scorer).drafts
 
     @property

@@ -181,7 +181,7 @@ class Engine:
             raise InvalidRequest("specattn needs a unified KV cache: start the server with --kv-layout unified "
                                  "(or --slots 1)")
         if params.decoding.mode is not DecodeMode.PLAIN and not self.config.scorer_drafts:
-            raise InvalidRequest(f"speculative decoding drafts with the whole speculator, but this server scores "
+            raise InvalidRequest(f"speculative decoding drafts with a whole speculator, but this server scores "
                                  f"with {self.config.scorer}: start it with --scorer speculator-full")
         persistent = kv is not None
         if kv is None:

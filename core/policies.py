@@ -54,7 +54,7 @@ _SCORER = re.compile(r"^(speculator-full|speculator-q4_0)$|^(speculator-early|ta
 class Scorer:
     """Which model scores prompts (``EngineConfig.scorer``; the files: core.llama.scorer_cuts)."""
 
-    kind: ScorerKind = ScorerKind.SPECULATOR_FULL
+    kind: ScorerKind = ScorerKind.SPECULATOR_Q4_0
     blocks: int = 0  # the early scorers' R: the first R transformer blocks
 
     @classmethod
@@ -67,8 +67,9 @@ class Scorer:
 
     @property
     def drafts(self) -> bool:
-        """Whether the scoring model is the whole speculator, which speculative decoding drafts with."""
-        return self.kind is ScorerKind.SPECULATOR_FULL
+        """Whether the scoring model is a whole speculator (as fetched or its Q4_0 copy), which
+        speculative decoding can draft with; an early-layer cut cannot."""
+        return self.kind in (ScorerKind.SPECULATOR_FULL, ScorerKind.SPECULATOR_Q4_0)
 
 
 @dataclass(slots=True, frozen=True)

@@ -166,14 +166,16 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
 
     if captures:  # a capture comparison runs no other scorer
         truncated, early = (), ()
-    cfg = model_files.with_default_models(EngineConfig(n_ctx=4096, calibrate_tokens=0,
+    cfg = model_files.with_default_models(EngineConfig(n_ctx=4096, calibrate_tokens=0, scorer="speculator-full",
                                                        attention_capture=captures[0] if captures else "auto"))
     target, speculator = cfg.target, cfg.speculator
     engine = Engine(cfg)
     paths = {**{f"K{k}": derived(k) for k in truncated}, **{name: scorer_model(name) for name in early}}
-    scorers = {name: Engine(EngineConfig(target=str(p), speculator=str(p), n_ctx=4096, calibrate_tokens=0))
+    scorers = {name: Engine(EngineConfig(target=str(p), speculator=str(p), n_ctx=4096, calibrate_tokens=0,
+                                         scorer="speculator-full"))
                for name, p in paths.items()}
     scorers |= {f"capture-{kind}": Engine(EngineConfig(target=speculator, speculator=speculator, n_ctx=4096,
+                                                       scorer="speculator-full",
                                                        calibrate_tokens=0, attention_capture=kind))
                 for kind in captures[1:]}
     policy = PrefillPolicy()

@@ -198,7 +198,7 @@ def run_specattn(args: Any) -> dict:
     from core.llama.model_files import with_default_models
     from evals import specattn_decode
 
-    cfg = with_default_models(EngineConfig())
+    cfg = with_default_models(EngineConfig(scorer="speculator-full"))  # drafts with the file as fetched
     target, speculator = cfg.target, cfg.speculator
     models = {"target": target, "speculator": speculator}
     ps = tuple(float(x) for x in args.ps.split(",") if x)

@@ -93,7 +93,7 @@ def step_costs(engine: Engine, kv: SessionKV, gamma: int) -> dict[str, float]:
 
 def at_context(target: str, speculator: str, n_ctx: int, setup: DecodeSetup) -> dict[str, Any]:
     engine = Engine(EngineConfig(target=target, speculator=speculator, n_ctx=n_ctx + setup.n_predict * 2 + 64,
-                                 calibrate_tokens=0))
+                                 calibrate_tokens=0, scorer="speculator-full"))
     try:
         prompt = prompt_of(engine, n_ctx)
         kv = SessionKV()

@@ -38,7 +38,9 @@ def tiny(n_blocks: int, spec: model_files.ModelSpec = model_files.SPECULATOR) ->
 
 
 def engine_config(target: Path, speculator: Path, **fields: Any) -> EngineConfig:
-    base: dict[str, Any] = {"n_ctx": 4096, "n_threads": 2, "calibrate_tokens": 64}
+    # the fixtures' speculators are chosen drafts (an identical model, a 20-block cut), so they score and draft
+    # as given; the default Q4_0 copy has its own test, and the `specgate serve` processes run it
+    base: dict[str, Any] = {"n_ctx": 4096, "n_threads": 2, "calibrate_tokens": 64, "scorer": "speculator-full"}
     return EngineConfig(target=str(target), speculator=str(speculator), **{**base, **fields})
 
 

@@ -36,12 +36,12 @@ def _write_copy(reader: Any, dst: str | Path, fields: Callable[[str, Any], Any],
     """Write ``dst``: the metadata of the model ``reader`` (a ``gguf.GGUFReader``) holds,
     with ``fields(name, value)`` applied, and each tensor as ``tensors(t)`` gives it
     (``(data, type)``, or None to drop it).  Written beside ``dst`` and renamed, so a
-    stopped write never leaves a file that looks complete."""
+    stopped write never leaves a file that looks complete, and two writers never mix."""
     import gguf
 
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     dst = Path(dst)
-    tmp = dst.with_name(dst.name + ".partial")
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.partial")  # servers started together may each write it
     writer = gguf.GGUFWriter(str(tmp), arch=arch, endianess=reader.endianess)
     for field in reader.fields.values():
         if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
@@ -78,19 +78,22 @@ def truncate_blocks(src: str | Path, dst: str | Path, n_blocks: int) -> Path:
     return _write_copy(reader, dst, lambda name, value: n_blocks if name == block_key else value, in_cut)
 
 
+def _converts(t: Any, to: str) -> bool:
+    """Whether :func:`requantize_blocks` re-quantizes tensor ``t`` to ``to``."""
+    return t.name.startswith("blk.") and t.tensor_type.name in REQUANTIZABLE and t.tensor_type.name != to
+
+
 def requantize_blocks(src: str | Path, dst: str | Path, target: str) -> Path:
     """Write ``dst``: ``src`` with every block weight of a :data:`REQUANTIZABLE` type
     dequantized and quantized again to ``target`` (the embedding and output matrices and
     the f32 norms are copied as they are)."""
     import gguf
-    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
-    to = GGMLQuantizationType[target]
-    convertible = {GGMLQuantizationType[t] for t in REQUANTIZABLE}
+    to = gguf.GGMLQuantizationType[target]
 
     def converted(t: Any) -> tuple[Any, Any]:
-        if t.name.startswith("blk.") and t.tensor_type in convertible and t.tensor_type != to:
+        if _converts(t, target):
             return quantize(dequantize(t.data, t.tensor_type), to), to
         return t.data, t.tensor_type
     return _write_copy(gguf.GGUFReader(str(src)), dst, lambda name, value: value, converted)

@@ -82,6 +82,7 @@ def test_calibrate_writes_a_monotone_map_the_engine_loads(tiny_target, tiny_spec
     from core.engine import Engine
     from core.errors import ConfigError
     from core.llama.model import Model
+    from core.llama.scorer_cuts import requantized
 
     out_path = tmp_path / "map.json"
     doc_path = tmp_path / "doc.txt"
@@ -92,7 +93,8 @@ def test_calibrate_writes_a_monotone_map_the_engine_loads(tiny_target, tiny_spec
     doc = json.loads(out_path.read_text())
     assert len(doc["map"]) == 3 and doc["map"] == sorted(doc["map"]) and set(doc["map"]) <= {0, 1}
     assert doc["target_sha256"] == model_files.sha256_of(tiny_target)
-    assert doc["speculator_sha256"] == model_files.sha256_of(tiny_speculator)
+    # keyed by the file the engine scores with: by default the speculator's Q4_0 copy
+    assert doc["speculator_sha256"] == model_files.sha256_of(requantized(tiny_speculator))
     sim = doc["similarity"]
     assert len(sim) == 2 and len(sim[0]) == 3 and all(v <= 1e-6 for row in sim for v in row)  # -KL <= 0
     engine = Engine(EngineConfig(target=str(tiny_target), speculator=str(tiny_speculator), n_ctx=256,

@@ -265,10 +265,9 @@ def test_a_q8_0_kv_cache_without_flash_attention_is_refused(tiny_target, tiny_sp
                              calibrate_tokens=0, slots=1))
 
 
-def test_the_q4_0_scorer_is_the_whole_speculator_requantized_behind_the_same_flow(tiny_target, tiny_speculator):
+def test_the_q4_0_scorer_is_the_whole_speculator_requantized_and_drafts_exactly(tiny_target, tiny_speculator):
     import gguf
 
-    from core.errors import InvalidRequest
     from tests.support import engine_config
 
     engine = Engine(engine_config(tiny_target, tiny_speculator, scorer="speculator-q4_0", calibrate_tokens=0,
@@ -292,7 +291,8 @@ def test_the_q4_0_scorer_is_the_whole_speculator_requantized_behind_the_same_flo
         assert not before
         r = engine.run(long_prompt(engine), with_sampling(ALWAYS, GREEDY))
         assert r.timings.specprefill == "active" and 0 < r.timings.prompt_n < r.timings.context_n
-        with pytest.raises(InvalidRequest, match="--scorer speculator-full"):
-            engine.run(long_prompt(engine), with_sampling(policy(speculative=True), GREEDY))
+        plain = engine.run(long_prompt(engine), with_sampling(policy(enabled=False), GREEDY))
+        drafted = engine.run(long_prompt(engine), with_sampling(policy(enabled=False, speculative=True), GREEDY))
+        assert drafted.tokens == plain.tokens and drafted.timings.speculative.n_drafted > 0  # the copy drafts
     finally:
         engine.close()

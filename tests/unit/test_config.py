@@ -62,9 +62,14 @@ def test_nested_configs_build_from_flat_flags_and_env():
     assert (turn.decoding.gamma, turn.sampling.max_tokens) == (2, 7)
 
 
+def test_the_default_scorer_is_the_q4_0_copy_which_drafts():
+    assert Scorer() == Scorer.parse(EngineConfig().scorer) == Scorer(ScorerKind.SPECULATOR_Q4_0)
+    assert EngineConfig().scorer_drafts
+
+
 @pytest.mark.parametrize(("text", "kind", "blocks", "drafts"), [
     ("speculator-full", ScorerKind.SPECULATOR_FULL, 0, True),
-    ("speculator-q4_0", ScorerKind.SPECULATOR_Q4_0, 0, False),
+    ("speculator-q4_0", ScorerKind.SPECULATOR_Q4_0, 0, True),
     ("speculator-early:8", ScorerKind.SPECULATOR_EARLY, 8, False),
     ("target-early:14", ScorerKind.TARGET_EARLY, 14, False),
 ])
