@@ -13,8 +13,6 @@ from pathlib import Path
 
 import llama_cpp
 
-from core.errors import ModelFileError
-
 _backend_lock = threading.Lock()
 _backend_ready = False
 
@@ -54,19 +52,3 @@ _SOFTMAX = re.compile(rb"^kq_soft_max-(\d+)$")
 _QK = re.compile(rb"^(Qcur|Kcur)-(\d+)$")
 
 
-def validate_gguf(path: str) -> Path:
-    p = Path(path).expanduser()
-    if not str(path):
-        raise ModelFileError("no model file given")
-    if not p.exists():
-        raise ModelFileError(f"model file not found: {p}")
-    if not p.is_file():
-        raise ModelFileError(f"model path is not a file: {p}")
-    try:
-        with p.open("rb") as fh:
-            magic = fh.read(4)
-    except OSError as exc:
-        raise ModelFileError(f"model file unreadable: {p}: {exc.strerror}") from exc
-    if magic != b"GGUF":
-        raise ModelFileError(f"not a GGUF file (magic {magic!r}): {p}")
-    return p

@@ -7,7 +7,8 @@ import ctypes
 import llama_cpp
 
 from core.errors import ModelFileError
-from core.llama.backend import init_backend, validate_gguf
+from core.llama.backend import init_backend
+from core.llama.model_files import validate_gguf
 
 
 class Model:

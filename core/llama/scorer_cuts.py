@@ -107,12 +107,10 @@ def derived_dir() -> Path:
     return d
 
 
-def _cached(src: str | Path, suffix: str, write: Callable[[Path, Path], Path], sha256: str, verb: str) -> Path:
+def _cached(src: str | Path, suffix: str, write: Callable[[Path, Path], Path], sha256: str) -> Path:
     """A derived copy of ``src``, written once by ``write(src, dst)`` and cached under a name
     that carries the source's hash (``sha256`` when the caller already knows it)."""
-    src = Path(src)
-    if not src.is_file():
-        raise ConfigError(f"cannot {verb} {src}: no such model file")
+    src = model_files.validate_gguf(src)  # a bad file gets the error the engine gives any model file
     sha = sha256 or model_files.cached_sha256(src)
     dst = derived_dir() / f"{src.stem}-{suffix}-{sha[:8]}.gguf"
     return dst if dst.exists() else write(src, dst)
@@ -120,12 +118,12 @@ def _cached(src: str | Path, suffix: str, write: Callable[[Path, Path], Path], s
 
 def cut(src: str | Path, n_blocks: int, sha256: str = "") -> Path:
     """``src`` cut to its first ``n_blocks`` blocks (cached)."""
-    return _cached(src, f"{n_blocks}blk", lambda s, d: truncate_blocks(s, d, n_blocks), sha256, "cut")
+    return _cached(src, f"{n_blocks}blk", lambda s, d: truncate_blocks(s, d, n_blocks), sha256)
 
 
 def requantized(src: str | Path, target: str = "Q4_0", sha256: str = "") -> Path:
     """``src`` with its block weights re-quantized to ``target`` (cached)."""
-    return _cached(src, target.lower(), lambda s, d: requantize_blocks(s, d, target), sha256, "re-quantize")
+    return _cached(src, target.lower(), lambda s, d: requantize_blocks(s, d, target), sha256)
 
 
 def scoring_model(scorer: str, target: str, speculator: str) -> str:
