@@ -21,6 +21,7 @@ from evals.answer_quality import Setting, capture, kept_for
 def main() -> None:
     paths, n = sys.argv[1:3], int(sys.argv[3])
     engines = [Engine(EngineConfig(target=p, speculator=p, n_ctx=n + 512, calibrate_tokens=0, slots=1,
+                                   scorer="speculator-full",  # each file scores as given
                                    attention_capture="flash")) for p in paths]
     policy = PrefillPolicy()
     try:
