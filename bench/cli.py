@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None)
     parser.add_argument("--speculator", default=None)
     parser.add_argument("--scorer", default=None,
-                        help="the engine's scoring model, as specgate serve --scorer (default speculator-full)")
+                        help="the engine's scoring model, as specgate serve --scorer (default speculator-q4_0)")
 
 
 @dataclass(slots=True, frozen=True)

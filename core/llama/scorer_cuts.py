@@ -78,11 +78,6 @@ def truncate_blocks(src: str | Path, dst: str | Path, n_blocks: int) -> Path:
     return _write_copy(reader, dst, lambda name, value: n_blocks if name == block_key else value, in_cut)
 
 
-def _converts(t: Any, to: str) -> bool:
-    """Whether :func:`requantize_blocks` re-quantizes tensor ``t`` to ``to``."""
-    return t.name.startswith("blk.") and t.tensor_type.name in REQUANTIZABLE and t.tensor_type.name != to
-
-
 def requantize_blocks(src: str | Path, dst: str | Path, target: str) -> Path:
     """Write ``dst``: ``src`` with every block weight of a :data:`REQUANTIZABLE` type
     dequantized and quantized again to ``target`` (the embedding and output matrices and
@@ -93,7 +88,7 @@ def requantize_blocks(src: str | Path, dst: str | Path, target: str) -> Path:
     to = gguf.GGMLQuantizationType[target]
 
     def converted(t: Any) -> tuple[Any, Any]:
-        if _converts(t, target):
+        if t.name.startswith("blk.") and t.tensor_type.name in REQUANTIZABLE and t.tensor_type != to:
             return quantize(dequantize(t.data, t.tensor_type), to), to
         return t.data, t.tensor_type
     return _write_copy(gguf.GGUFReader(str(src)), dst, lambda name, value: value, converted)
