@@ -232,13 +232,13 @@ class Engine:
         seq, kv, mode = self.target_ctx.seq(slot), kv_all.target, params.prefill.position_mode
         # original mode keeps logical positions (bridging any gap); compact packs after the cache
         base = len(kv.tokens) if mode == "original" else kv.next_pos
-        cells = kv.n_cached
+        cells, cost = kv.n_cached, self.costs.target
         t0 = time.perf_counter()
-        n_past, idx = yield from sparse_prefill(seq, delta, kept, mode, base)
+        n_past, idx = yield from sparse_prefill(seq, delta, kept, mode, base, cost.relabels(cells + kept.size // 2))
         t.prompt_ms = (time.perf_counter() - t0) * 1e3
-        shifts = 0 if mode == "compact" else len(runs(kept)) - 1
+        bridges = 0 if mode == "compact" else len(runs(kept)) - 1
         calls = self._calls(kept.size) if mode == "compact" else sum(self._calls(b - a) for a, b in runs(kept))
-        self.costs.target.observe(int(kept.size), cells, calls, t.prompt_ms / 1e3 - shifts * self.costs.target.shift_s)
+        cost.observe(int(kept.size), cells, calls, t.prompt_ms / 1e3 - bridges * cost.bridge_s(cells + kept.size // 2))
         positions = np.full(len(delta), -1)
         positions[kept] = np.arange(kept.size) + base if mode == "compact" else kept + base
         kv.extend(delta, positions.tolist())

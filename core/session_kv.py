@@ -111,10 +111,11 @@ class SpeculatorSync:
 
 
 def plan_speculator_sync(spec: SeqState, target: SeqState, tokens: Sequence[int], cost: Cost,
-                         calls: Callable[[int], int], shift_s: float = 0.0) -> SpeculatorSync:
+                         calls: Callable[[int], int],
+                         bridge_s: Callable[[int], float] = lambda cells: 0.0) -> SpeculatorSync:
     """Rebuild the speculator as the target's mirror only when the new tokens' cheaper
     attention (fewer cells) repays re-prefilling the target's cells (run by run, a
-    K-shift of ``shift_s`` between runs), by ``cost``."""
+    bridge costing ``bridge_s(cells)`` between runs), by ``cost``."""
     keep = common_prefix(spec.tokens, tokens)
     cells = len(cached_indices(spec, keep))
     stay = SpeculatorSync(keep, cells)
@@ -126,7 +127,8 @@ def plan_speculator_sync(spec: SeqState, target: SeqState, tokens: Sequence[int]
         held.append(q - 1)  # the last history token keeps logical positions contiguous after it
     n_runs = len(runs(np.asarray(held)))
     m_stay, m_new = len(tokens) - keep, len(tokens) - q
-    rebuild = cost(len(held), 0, n_runs) + (n_runs - 1) * shift_s + cost(m_new, len(held), calls(m_new))
+    rebuild = (cost(len(held), 0, n_runs) + (n_runs - 1) * bridge_s(len(held) // 2)
+               + cost(m_new, len(held), calls(m_new)))
     if rebuild >= cost(m_stay, cells, calls(m_stay)):
         return stay
     return SpeculatorSync(q, len(held), tuple(held), n_runs)

@@ -42,7 +42,7 @@ class Speculator:
         """How the speculator reaches ``tokens`` for scoring: as it is, or rebuilt as the
         target's mirror when that is cheaper by the measured costs (core.session_kv)."""
         return plan_speculator_sync(kv.speculator, kv.target, tokens, self.costs.speculator.seconds, self.calls,
-                                    self.costs.speculator.shift_s)
+                                    self.costs.speculator.bridge_s)
 
 
     def capture_steps(self, kv_all: SessionKV, tokens: tuple[int, ...], lookahead: int, t: Timings,
@@ -106,10 +106,10 @@ class Speculator:
         seq.clear()
         kv.reset()
         t0 = time.perf_counter()
-        yield from sparse_prefill(seq, history, held, "original", 0)
+        cost = self.costs.speculator
+        yield from sparse_prefill(seq, history, held, "original", 0, cost.relabels(held.size // 2))
         n_runs = len(runs(held))
-        self.costs.speculator.observe(int(held.size), 0, n_runs,
-                                      time.perf_counter() - t0 - (n_runs - 1) * self.costs.speculator.shift_s)
+        cost.observe(int(held.size), 0, n_runs, time.perf_counter() - t0 - (n_runs - 1) * cost.bridge_s(held.size // 2))
         positions = np.full(len(history), -1)
         positions[held] = held
         kv.extend(history, positions.tolist())

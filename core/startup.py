@@ -8,11 +8,12 @@ import time
 from typing import TYPE_CHECKING
 
 from core.config import KV_ELEMENT_BYTES, EngineConfig
-from core.errors import ConfigError, VocabMismatch
+from core.errors import ConfigError, EngineError, VocabMismatch
 from core.llama.model import Model
 
 if TYPE_CHECKING:
     from core.engine import Engine
+    from core.llama.context import Seq
 
 VOCAB_PROBE = "SpecGate probe: fn get_weather(city) -> {\"temp\": 21.5} 東京 ✓"
 CALIBRATION_TEXT = (
@@ -55,9 +56,10 @@ def check_memory(config: EngineConfig, target: Model, speculator: Model) -> None
 
 def calibrate(engine: Engine, n_tokens: int) -> None:
     """Seed the cost functions: both models' prefill of ``n_tokens``, the speculator's
-    one-token step after it, and what one K-shift costs each context (a step after a
-    moved cell, less a plain step), each timed twice and the faster kept (other load
-    only ever slows a run down).  Every real prefill and step refines them (core.specprefill.cost_model)."""
+    one-token step after it, what one K-shift costs each context (a step after a
+    moved cell, less a plain step) and what moving a label costs per cell, each timed
+    twice and the faster kept (other load only ever slows a run down).  Every real prefill
+    and step refines them (core.specprefill.cost_model)."""
     text = CALIBRATION_TEXT * (n_tokens // 20 + 2)
     tokens = engine.target.tokenize(text, add_special=False)[:n_tokens]
     n = len(tokens)
@@ -79,6 +81,27 @@ def calibrate(engine: Engine, n_tokens: int) -> None:
             shifted = min(shifted, time.perf_counter() - t3)
         cost.observe(n, 0, engine._calls(n), prefill)
         cost.shift_s = max(0.0, shifted - step)
+        cost.move_s_per_cell = move_cost(ctx.seq(0), n + 2)  # the prefill, the step and the shifted step
         if ctx is engine.speculator_ctx:
             engine.costs.speculator_step.observe(1, n, 1, step)
         ctx.clear()
+
+
+def move_cost(seq: Seq, cells: int) -> float:
+    """Seconds per cell of moving the last cell's position label and back (:meth:`Seq.move`)
+    in ``seq``, which holds ``cells`` cells; 0 where the context cannot, or where the move
+    did not land (an unknown state layout)."""
+    last = seq.pos_max()
+    if not seq.ctx.private_cells or last < 0:
+        return 0.0
+    best = float("inf")
+    try:
+        for there, back in ((last, last + 1), (last + 1, last)):
+            t0 = time.perf_counter()
+            seq.move({there: back})
+            best = min(best, time.perf_counter() - t0)
+            if seq.pos_max() != back:
+                return 0.0
+    except EngineError:
+        return 0.0
+    return best / cells

@@ -4,12 +4,13 @@ views and state save/restore."""
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import llama_cpp
 import numpy as np
 
 from core.errors import EngineError, PromptTooLong, TurnCancelled
+from core.llama import seq_state
 from core.llama.capture import AttentionCapture, QKCapture
 from core.llama.model import Model
 
@@ -81,6 +82,12 @@ class Context:
         self._mem = llama_cpp.llama_get_memory(self._ptr)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 2)
         self.abort: Callable[[], bool] | None = None  # checked between batches: a cancelled turn stops there
+
+    @property
+    def private_cells(self) -> bool:
+        """No cell is ever held by two sequences: split streams, or one sequence (whose
+        view tags cells only while a speculative step runs, never during prefill)."""
+        return not self.unified or self.n_seq == 1
 
     def close(self) -> None:
         if self._ptr:
@@ -231,6 +238,21 @@ class Seq:
 
     def shift(self, p0: int, p1: int, delta: int) -> None:
         llama_cpp.llama_memory_seq_add(self._mem, self.id, p0, p1, delta)
+
+    def move(self, moves: Mapping[int, int]) -> None:
+        """Relabel the cells at positions ``moves`` keys with the values, leaving their K as
+        it is (core.llama.seq_state): a sparse prefill's bridge at the cost of copying this
+        sequence's cells out and back, instead of a K-shift of the whole context.  Only for a
+        context whose sequences never share cells (:attr:`Context.private_cells`)."""
+        if not self.ctx.private_cells:
+            raise EngineError("cells shared between sequences cannot be moved through a saved state")
+        size = llama_cpp.llama_state_seq_get_size(self.ptr, self.id)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, self.id)
+        seq_state.move_cells(np.frombuffer(buf, dtype=np.uint8, count=n), self.id, moves)
+        if llama_cpp.llama_state_seq_set_data(self.ptr, buf, n, self.id) == 0:
+            self.clear()
+            raise EngineError("could not restore a KV sequence after moving its cells")
 
     def make_view(self, spans: Sequence[tuple[int, int]]) -> None:
         """Tag the cells at positions [p0, p1) of each span with the view sequence.

@@ -46,6 +46,9 @@ class PrefillCost:
     # one K-shift: llama.cpp re-rotating every cell of the context's K cache after a cell moved
     # (each run of an original-position sparse prefill after the first); measured at start-up
     shift_s: float = 0.0
+    # or moving only the cell's position label, through the sequence's saved state
+    # (core.llama.seq_state): seconds per cell the sequence holds; 0 where the context cannot
+    move_s_per_cell: float = 0.0
     samples: deque[tuple[np.ndarray, float]] = field(default_factory=lambda: deque(maxlen=48))
 
     @property
@@ -55,17 +58,25 @@ class PrefillCost:
     def seconds(self, m: int, c: int = 0, calls: int = 1) -> float:
         return float(features(m, c, calls) @ self.coef) if m > 0 else 0.0
 
+    def relabels(self, cells: int) -> bool:
+        """Whether a bridge over a sequence of ``cells`` cells moves a label, not K."""
+        return 0 < self.move_s_per_cell * cells < self.shift_s
+
+    def bridge_s(self, cells: int) -> float:
+        """One bridge (a moved cell) in a sequence of ``cells`` cells, the cheaper way."""
+        return self.move_s_per_cell * cells if self.relabels(cells) else self.shift_s
+
     def sparse_seconds(self, m: int, c: int, runs: int) -> float:
         """An original-position sparse prefill of ``m`` tokens in ``runs`` runs: every run
-        after the first is a pass and a K-shift."""
-        return self.seconds(m, c, runs) + max(0, runs - 1) * self.shift_s
+        after the first is a pass and a bridge."""
+        return self.seconds(m, c, runs) + max(0, runs - 1) * self.bridge_s(c + m // 2)
 
     def bridge_tokens(self, c: int) -> int:
         """The longest gap between two kept runs that costs less to prefill (after ``c``
-        cells) than the run it saves: a pass's overhead and a K-shift."""
+        cells) than the run it saves: a pass's overhead and a bridge."""
         a, b, d = self.coef
         per_token = a + b * c
-        return int((d + self.shift_s) / per_token) if per_token > 0 else 0
+        return int((d + self.bridge_s(c)) / per_token) if per_token > 0 else 0
 
     def observe(self, m: int, c: int, calls: int, seconds: float) -> None:
         if m >= 1 and seconds > 0:

@@ -25,24 +25,42 @@ from core.specprefill.selection import runs
 
 
 def sparse_prefill(seq: Seq, tokens: Sequence[int], kept: np.ndarray, mode: str,
-                   base_pos: int) -> TurnSteps[tuple[int, int]]:
+                   base_pos: int, relabel: bool = False) -> TurnSteps[tuple[int, int]]:
     """Prefill ``tokens[kept]``; ``base_pos`` is the position of ``tokens[0]`` and
     the sequence must end at ``base_pos - 1`` (or be empty).  Each run is one request
     (core.runtime.steps), the last one keeping its logits.  Returns the next position and the
-    batch index of those logits."""
+    batch index of those logits.
+
+    A bridge moves a cell by a K-shift, or with ``relabel`` by its position label alone
+    (:meth:`Seq.move`): exact, and cheaper while the sequence is short.  Relabelled cells go
+    back to their own positions in one move at the end.  A turn cancelled between runs
+    still leaves every cell at its own position."""
     if mode == "compact":
         reply = yield Tokens(seq, [tokens[i] for i in kept], base_pos)
         return base_pos + len(kept), -1 if reply is None else reply
     spans = runs(kept)
     last = seq.pos_max()  # -1 when the sequence is empty: the first run may start anywhere
     idx: int | None = -1
-    for r, (start, end) in enumerate(spans):
-        p0 = base_pos + start
-        gap = p0 - 1 - last if last >= 0 else 0
-        if gap:
-            seq.shift(last, last + 1, gap)
-        idx = yield Tokens(seq, tokens[start:end], p0, logits=r == len(spans) - 1)
-        if gap:
-            seq.shift(p0 - 1, p0, -gap)
-        last = base_pos + end - 1
+    relabelled: dict[int, int] = {}  # a bridge cell's borrowed position -> its own
+    shifted: tuple[int, int] | None = None  # a K-shifted bridge cell: (borrowed position, gap)
+    try:
+        for r, (start, end) in enumerate(spans):
+            p0 = base_pos + start
+            gap = p0 - 1 - last if last >= 0 else 0
+            if gap and relabel:
+                seq.move({last: p0 - 1})
+                relabelled[p0 - 1] = last
+            elif gap:
+                seq.shift(last, last + 1, gap)
+                shifted = (p0 - 1, gap)
+            idx = yield Tokens(seq, tokens[start:end], p0, logits=r == len(spans) - 1)
+            if shifted:
+                seq.shift(shifted[0], shifted[0] + 1, -shifted[1])
+                shifted = None
+            last = base_pos + end - 1
+    finally:
+        if shifted:
+            seq.shift(shifted[0], shifted[0] + 1, -shifted[1])
+        if relabelled:
+            seq.move(relabelled)
     return last + 1, -1 if idx is None else idx

@@ -69,6 +69,54 @@ def test_bridge_gives_different_state_than_compact(tiny_engine):
     assert np.abs(original - compact).max() > 1e-3
 
 
+def cell_positions_of(seq) -> list[int]:
+    from core.llama.seq_state import cell_positions
+    return sorted(cell_positions(np.frombuffer(bytearray(seq.save()), dtype=np.uint8), seq.id).tolist())
+
+
+def test_moving_a_label_there_and_back_leaves_the_state_bitwise(tiny_engine):
+    """A move rewrites a position label and nothing else: no K is rotated (a K-shift would)."""
+    tokens = long_prompt(tiny_engine).tokens[:100]
+    seq = tiny_engine.target_ctx.seq(0)
+    seq.clear()
+    seq.decode(tokens, 0)
+    before = seq.save()
+    seq.move({99: 150})
+    assert seq.pos_max() == 150 and cell_positions_of(seq) == list(range(99)) + [150]
+    seq.move({150: 99})
+    assert seq.save() == before
+
+
+def test_relabelled_bridges_see_every_cell_at_its_own_position(tiny_engine):
+    """Both bridges leave the cells at their own positions; only the K-shift shows run r
+    the bridge cell at the borrowed position (its K rotated there), so the logits differ."""
+    tokens = long_prompt(tiny_engine).tokens
+    n = len(tokens)
+    kept = np.concatenate([np.arange(0, 40), np.arange(100, 160), np.arange(230, 260), np.arange(n - 30, n)])
+    seq, logits = tiny_engine.target_ctx.seq(0), {}
+    for relabel in (False, True):
+        seq.clear()
+        assert drive(sparse_prefill(seq, tokens, kept, "original", 0, relabel)) == (n, -1)
+        logits[relabel] = seq.logits().copy()
+        assert cell_positions_of(seq) == kept.tolist()
+    assert np.isfinite(logits[True]).all()
+    assert np.abs(logits[True] - logits[False]).max() > 1e-3
+
+
+@pytest.mark.parametrize("relabel", [False, True])
+def test_a_sparse_prefill_stopped_between_runs_puts_its_bridge_back(tiny_engine, relabel):
+    tokens = long_prompt(tiny_engine).tokens
+    seq = tiny_engine.target_ctx.seq(0)
+    seq.clear()
+    turn = sparse_prefill(seq, tokens, np.concatenate([np.arange(0, 40), np.arange(100, 160)]), "original", 0, relabel)
+    first = turn.send(None)
+    seq.decode(first.tokens, first.start_pos, logits_last=first.logits)
+    turn.send(-1)  # the second run is asked for: its bridge is in place
+    assert seq.pos_max() == 99
+    turn.close()  # cancelled before it ran
+    assert seq.pos_max() == 39 and cell_positions_of(seq) == list(range(40))
+
+
 def test_active_run_reports_phases_and_selection(tiny_engine):
     prompt = long_prompt(tiny_engine)
     r = tiny_engine.run(prompt, with_sampling(ALWAYS, GREEDY))

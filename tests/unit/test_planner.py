@@ -91,6 +91,17 @@ def test_bridge_tokens_is_the_gap_a_pass_overhead_pays_for():
     assert shifting.sparse_seconds(100, 0, 4) == pytest.approx(1.0 + 3 * 0.3)  # 3 shifts for 4 runs
 
 
+def test_a_bridge_moves_a_label_while_that_is_cheaper_than_a_k_shift():
+    """Moving a label copies the sequence's cells, so it costs in proportion to them; a
+    K-shift costs the whole context's cells whatever the sequence holds."""
+    cost = PrefillCost(coef=np.array([0.01, 0.0, 0.0]), shift_s=1.0, move_s_per_cell=1e-4)
+    assert cost.relabels(1_000) and cost.bridge_s(1_000) == pytest.approx(0.1)
+    assert not cost.relabels(20_000) and cost.bridge_s(20_000) == 1.0  # past 10,000 cells the K-shift wins
+    assert cost.sparse_seconds(1_000, 0, 4) == pytest.approx(10.0 + 3 * 0.05)  # 500 cells on average
+    assert cost.bridge_tokens(1_000) == 10  # a 0.1 s move pays for 10 tokens, a K-shift would for 100
+    assert not PrefillCost(shift_s=1.0).relabels(10)  # not measured (shared cells): K-shifts
+
+
 def test_break_even_charges_a_k_shift_per_extra_run():
     cheap, dear = replace(SPEEDS, run_tokens=8.0), replace(SPEEDS, run_tokens=8.0)
     dear.target = replace(SPEEDS.target, shift_s=2.0)

@@ -1,0 +1,63 @@
+"""Moving KV cells to other positions in a sequence's saved state (pure numpy, no llama.cpp).
+
+An original-position sparse prefill must satisfy llama.cpp's batch check: a batch for a
+sequence starts right after the sequence's last cell.  Moving that cell with
+``llama_memory_seq_add`` makes llama.cpp re-rotate the K of *every* cell of the context
+(its K-shift graph spans the whole cache: 1.0-1.2 s for the 1.5B target's 4 x 8K cells on
+the 2-core VM), although the bridge needs only the cell's position label.  Edited in the
+sequence's state blob (``llama_state_seq_get_data``) and loaded back, the cell keeps its K
+as decoded at its own position, so attention is exact, and the cost is two copies of the
+sequence's cells.
+
+The blob (``llama_context::state_seq_get_data``, llama.cpp as vendored by
+llama-cpp-python 0.3.36): ``u32 magic, i32 seq_id, u32 n_stream``, then per stream
+``u32 cell_count`` and, when it is not zero, ``cell_count`` rows of ``i32 pos, u32 n_seq_id,
+i32 seq_id`` followed by the stream's K/V data.  A single sequence lives in one stream.
+Anything else raises :class:`EngineError`, and the caller keeps the K-shift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from core.errors import EngineError
+
+MAGIC = 0xAF143CD8
+HEADER = 12  # magic, seq_id, n_stream
+
+
+def cell_positions(blob: np.ndarray, seq_id: int) -> np.ndarray:
+    """A writable view of the position of every cell in ``blob`` (a uint8 array of one
+    sequence's saved state), in cell order."""
+    if len(blob) < HEADER:
+        raise EngineError("not a saved KV sequence of the expected layout")
+    words = blob[:HEADER].view("<u4")
+    if int(words[0]) != MAGIC or int(words[1]) != seq_id:
+        raise EngineError("not a saved KV sequence of the expected layout")
+    offset = HEADER
+    for _ in range(int(words[2])):
+        count = int(blob[offset:offset + 4].view("<u4")[0])
+        offset += 4
+        if count:
+            meta = blob[offset:offset + 12 * count].view("<i4").reshape(count, 3)
+            if len(meta) != count or (meta[:, 1] != 1).any() or (meta[:, 2] != seq_id).any():
+                raise EngineError("a saved KV sequence's cells are not laid out as expected")
+            return meta[:, 0]
+    return np.zeros(0, dtype="<i4")
+
+
+def move_cells(blob: np.ndarray, seq_id: int, moves: Mapping[int, int]) -> None:
+    """Give the cell at position ``p`` position ``moves[p]``, for each key, in place.
+    Every key must name one cell and no two cells may end up at one position."""
+    pos = cell_positions(blob, seq_id)
+    new = pos.copy()
+    for src, dst in moves.items():
+        at = np.flatnonzero(pos == src)
+        if at.size != 1:
+            raise EngineError(f"no single KV cell at position {src} to move")
+        new[at[0]] = dst
+    if np.unique(new).size != new.size:
+        raise EngineError("moving KV cells would put two at one position")
+    pos[:] = new

@@ -1,0 +1,62 @@
+"""core.llama.seq_state: moving cells' position labels in a saved sequence state."""
+
+import numpy as np
+import pytest
+
+from core.errors import EngineError
+from core.llama.seq_state import MAGIC, cell_positions, move_cells
+
+
+def blob(seq_id: int, positions: list[int], stream: int = 0, n_stream: int = 1) -> np.ndarray:
+    """A state as llama_state_seq_get_data lays it out, with 8 bytes of K/V data per cell."""
+    parts = [np.array([MAGIC, seq_id, n_stream], dtype="<u4").view(np.uint8)]
+    for s in range(n_stream):
+        if s != stream:
+            parts.append(np.array([0], dtype="<u4").view(np.uint8))
+            continue
+        meta = np.array([[p, 1, seq_id] for p in positions], dtype="<i4").reshape(-1)
+        data = np.arange(8 * len(positions), dtype=np.uint8)
+        parts += [np.array([len(positions)], dtype="<u4").view(np.uint8), meta.view(np.uint8), data]
+    return np.concatenate(parts)
+
+
+def test_a_move_changes_the_labels_and_nothing_else():
+    b = blob(2, [0, 1, 2, 7, 8], stream=2, n_stream=4)  # split streams: the sequence's own is the third
+    before = b.copy()
+    move_cells(b, 2, {2: 6})
+    assert cell_positions(b, 2).tolist() == [0, 1, 6, 7, 8]
+    changed = np.flatnonzero(b != before)
+    assert changed.min() >= 12 + 4 * 3 and changed.max() < 12 + 4 * 3 + 12 * 5  # inside the cells' labels
+    move_cells(b, 2, {6: 2})
+    assert (b == before).all()
+
+
+def test_moves_apply_at_once():
+    b = blob(0, [0, 5, 9])
+    move_cells(b, 0, {5: 8, 9: 5})  # 9 may take 5's place because 5 leaves it
+    assert cell_positions(b, 0).tolist() == [0, 8, 5]
+
+
+@pytest.mark.parametrize("moves, match", [({3: 4}, "no single KV cell"), ({0: 9}, "two at one position")])
+def test_a_move_that_cannot_be_done_is_refused_untouched(moves, match):
+    b = blob(0, [0, 1, 9])
+    before = b.copy()
+    with pytest.raises(EngineError, match=match):
+        move_cells(b, 0, moves)
+    assert (b == before).all()
+
+
+def test_an_unknown_layout_is_refused():
+    with pytest.raises(EngineError):
+        move_cells(blob(1, [0, 1]), 0, {1: 2})  # another sequence's state
+    wrong_magic = blob(0, [0, 1])
+    wrong_magic[0] ^= 1
+    with pytest.raises(EngineError):
+        move_cells(wrong_magic, 0, {1: 2})
+    two_ids = blob(0, [0, 1])
+    two_ids[12 + 4 + 4] = 2  # the first cell claims two sequence ids (a shared cell's row is longer)
+    with pytest.raises(EngineError):
+        move_cells(two_ids, 0, {1: 2})
+    with pytest.raises(EngineError):
+        cell_positions(np.zeros(4, dtype=np.uint8), 0)
+    assert cell_positions(blob(0, []), 0).size == 0  # an empty sequence has nothing to move
