@@ -234,7 +234,8 @@ class Engine:
         base = len(kv.tokens) if mode == "original" else kv.next_pos
         cells, cost = kv.n_cached, self.costs.target
         t0 = time.perf_counter()
-        n_past, idx = yield from sparse_prefill(seq, delta, kept, mode, base, cost.relabels(cells + kept.size // 2))
+        n_past, idx = yield from sparse_prefill(seq, delta, kept, mode, base,
+                                                seq.ctx.private_cells and cost.relabels(cells + kept.size // 2))
         t.prompt_ms = (time.perf_counter() - t0) * 1e3
         bridges = 0 if mode == "compact" else len(runs(kept)) - 1
         calls = self._calls(kept.size) if mode == "compact" else sum(self._calls(b - a) for a, b in runs(kept))

@@ -4,6 +4,7 @@ functions."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -89,11 +90,11 @@ def calibrate(engine: Engine, n_tokens: int) -> None:
 
 def move_cost(seq: Seq, cells: int) -> float:
     """Seconds per cell of moving the last cell's position label and back (:meth:`Seq.move`)
-    in ``seq``, which holds ``cells`` cells; 0 where the context cannot, or where the move
+    in ``seq``, which holds ``cells`` cells; inf where the context cannot, or where the move
     did not land (an unknown state layout)."""
     last = seq.pos_max()
     if not seq.ctx.private_cells or last < 0:
-        return 0.0
+        return math.inf
     best = float("inf")
     try:
         for there, back in ((last, last + 1), (last + 1, last)):
@@ -101,7 +102,7 @@ def move_cost(seq: Seq, cells: int) -> float:
             seq.move({there: back})
             best = min(best, time.perf_counter() - t0)
             if seq.pos_max() != back:
-                return 0.0
+                return math.inf
     except EngineError:
-        return 0.0
+        return math.inf
     return best / cells

@@ -47,7 +47,8 @@ class PrefillCost:
     # (each run of an original-position sparse prefill after the first); measured at start-up
     shift_s: float = 0.0
     # or moving only the cell's position label, through the sequence's saved state
-    # (core.llama.seq_state): seconds per cell the sequence holds; 0 where the context cannot
+    # (core.llama.seq_state): seconds per cell the sequence holds.  0 = not measured: moves are
+    # then preferred, being exact; inf = the context cannot move labels (shared cells)
     move_s_per_cell: float = 0.0
     samples: deque[tuple[np.ndarray, float]] = field(default_factory=lambda: deque(maxlen=48))
 
@@ -60,7 +61,7 @@ class PrefillCost:
 
     def relabels(self, cells: int) -> bool:
         """Whether a bridge over a sequence of ``cells`` cells moves a label, not K."""
-        return 0 < self.move_s_per_cell * cells < self.shift_s
+        return cells > 0 and self.move_s_per_cell * cells <= self.shift_s
 
     def bridge_s(self, cells: int) -> float:
         """One bridge (a moved cell) in a sequence of ``cells`` cells, the cheaper way."""

@@ -1,3 +1,4 @@
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -86,7 +87,7 @@ def test_bridge_tokens_is_the_gap_a_pass_overhead_pays_for():
     assert cost.bridge_tokens(0) == 50  # 0.5 s of a pass buys 50 tokens at 10 ms
     assert cost.bridge_tokens(10_000) == 25  # at 20 ms a token further into the context
     assert PrefillCost().bridge_tokens(0) == 0  # nothing measured: bridge nothing
-    shifting = PrefillCost(coef=np.array([0.01, 0.0, 0.0]), shift_s=0.3)
+    shifting = PrefillCost(coef=np.array([0.01, 0.0, 0.0]), shift_s=0.3, move_s_per_cell=math.inf)  # shared cells
     assert shifting.bridge_tokens(0) == 30  # a K-shift alone pays for 30 tokens
     assert shifting.sparse_seconds(100, 0, 4) == pytest.approx(1.0 + 3 * 0.3)  # 3 shifts for 4 runs
 
@@ -99,12 +100,13 @@ def test_a_bridge_moves_a_label_while_that_is_cheaper_than_a_k_shift():
     assert not cost.relabels(20_000) and cost.bridge_s(20_000) == 1.0  # past 10,000 cells the K-shift wins
     assert cost.sparse_seconds(1_000, 0, 4) == pytest.approx(10.0 + 3 * 0.05)  # 500 cells on average
     assert cost.bridge_tokens(1_000) == 10  # a 0.1 s move pays for 10 tokens, a K-shift would for 100
-    assert not PrefillCost(shift_s=1.0).relabels(10)  # not measured (shared cells): K-shifts
+    assert not PrefillCost(shift_s=1.0, move_s_per_cell=math.inf).relabels(10)  # shared cells: K-shifts
+    assert PrefillCost().relabels(10) and PrefillCost().bridge_s(10) == 0  # nothing measured: the exact way
 
 
 def test_break_even_charges_a_k_shift_per_extra_run():
     cheap, dear = replace(SPEEDS, run_tokens=8.0), replace(SPEEDS, run_tokens=8.0)
-    dear.target = replace(SPEEDS.target, shift_s=2.0)
+    dear.target = replace(SPEEDS.target, shift_s=2.0, move_s_per_cell=math.inf)
     assert plan(work(3000), PrefillPolicy(), CLEAR, cheap).status is Status.ACTIVE
     slow = plan(work(3000), PrefillPolicy(), CLEAR, dear)  # ~45 runs of 8 kept tokens, 2 s of K-shift each
     assert slow.status is Status.SKIPPED_BREAK_EVEN
