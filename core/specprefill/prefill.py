@@ -7,7 +7,8 @@ notes, README "How SpecPrefill is done here"):
 
 * ``original`` ("bridge"): decode each contiguous kept run as its own batch;
   before run r, move the previous run's last cell forward so it sits right
-  before run r, decode, then move it back.  Kept tokens keep their original
+  before run r, decode, then move it back (by its position label, exactly, or by a
+  K-shift: :func:`sparse_prefill`).  Kept tokens keep their original
   RoPE positions, so decoding continues at the prompt's true length.
 * ``compact``: decode the kept tokens at consecutive positions and continue
   from there.
