@@ -93,7 +93,8 @@ def costs_json(costs: Costs) -> dict[str, Any]:
             "speculator_step": costs.speculator_step.coef.tolist(),
             "kept_ratios": {k.value: round(v, 4) for k, v in costs.kept_ratios.items()},
             "run_tokens": round(costs.run_tokens, 1),
-            "shift_s": {"target": round(costs.target.shift_s, 4), "speculator": round(costs.speculator.shift_s, 4)}}
+            "shift_s": {"target": round(costs.target.shift_s, 4), "speculator": round(costs.speculator.shift_s, 4)},
+            "move_s_per_cell": {"target": costs.target.move_s_per_cell, "speculator": costs.speculator.move_s_per_cell}}
 
 
 def policy_json(policy: PrefillPolicy) -> dict[str, Any]:
