@@ -11,6 +11,7 @@ worker thread (core.runtime.worker), never from the event loop.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -88,6 +89,9 @@ class Engine:
         self.chat = ChatTemplate(self.target)
         self.layer_map = layer_map.load(self.target, self.speculator, config.layer_map)
         self.costs = Costs()
+        for ctx, cost in ((self.target_ctx, self.costs.target), (self.speculator_ctx, self.costs.speculator)):
+            if not ctx.private_cells:  # slots may share prefix cells, which a saved state would un-share
+                cost.move_s_per_cell = math.inf
         self.spec = Speculator(self.speculator_ctx, self.capture, self.costs, self._calls)
         self.slot_kv = SlotKV(self.target_ctx, self.speculator_ctx, self.costs, self._calls)
         if config.calibrate_tokens:

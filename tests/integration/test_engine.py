@@ -8,7 +8,7 @@ import pytest
 from core.chat import ChatTemplate
 from core.config import EngineConfig
 from core.engine import Engine
-from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, TurnCancelled, VocabMismatch
+from core.errors import EmptyPrompt, EngineError, ModelFileError, PromptTooLong, TurnCancelled, VocabMismatch
 from core.policies import SamplingParams
 from core.prompt import Prompt
 from core.runtime.steps import drive
@@ -108,6 +108,15 @@ def test_relabelled_bridges_see_every_cell_at_its_own_position(tiny_engine):
         assert cell_positions_of(seq) == kept.tolist()
     assert np.isfinite(logits[True]).all()
     assert np.abs(logits[True] - logits[False]).max() > 1e-3
+
+
+def test_slots_that_may_share_cells_bridge_by_k_shift(smol_pair_engine):
+    """A unified cache's slots can share prefix cells, which a saved state would un-share."""
+    assert not smol_pair_engine.target_ctx.private_cells
+    cost = smol_pair_engine.costs.target
+    assert cost.move_s_per_cell == float("inf") and not cost.relabels(100) and cost.bridge_s(100) == cost.shift_s
+    with pytest.raises(EngineError, match="shared"):
+        smol_pair_engine.target_ctx.seq(0).move({0: 1})
 
 
 @pytest.mark.parametrize("relabel", [False, True])
