@@ -44,6 +44,8 @@ class EngineConfig:
     step_tokens: int = 256  # the most prefill tokens a step carries while other turns stream; 0 = decode first
     prefill_share: float = 0.5  # such a chunk costs at most this share of the rest of its step; 0 = always
     # step_tokens (core/runtime/chunk_budget.py, README "Many sessions at once")
+    scoring_window: int = 0  # the scoring model prefills long prompts with each token attending to the first
+    # 64 and the last this many cells (core/scoring_window.py); the scored rows still see all; 0 = off
     scorer: str = "speculator-q4_0"  # the model that scores prompts (core/llama/scorer_cuts.py): the speculator
     # re-quantized to Q4_0 (scored 1.5x faster and kept every answer, results/scorers.md); speculator-full, the
     # file as given; speculator-early:R, target-early:R -- the first R blocks of either model
@@ -62,6 +64,8 @@ class EngineConfig:
         _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")
         _require(1 <= self.n_ubatch <= self.n_batch, "need 1 <= n_ubatch <= n_batch")
         _require(self.calibrate_tokens >= 0, "calibrate_tokens must be >= 0")
+        _require(self.scoring_window == 0 or self.scoring_window >= 128,
+                 f"scoring_window must be 0 (off) or >= 128, got {self.scoring_window}")
         Scorer.parse(self.scorer)
 
     @property

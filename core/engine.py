@@ -34,6 +34,7 @@ from core.policies import DecodeMode, DecodingPolicy, PrefillPolicy, SamplingPar
 from core.prompt import Prompt
 from core.results import Result, Timings
 from core.runtime.steps import TurnSteps, drive
+from core.scoring_window import ScoringWindow
 from core.session_kv import (
     SessionKV,
     SpeculatorSync,
@@ -83,6 +84,7 @@ class Engine:
                                           n_ubatch=config.n_ubatch, n_threads=config.n_threads,
                                           flash_attn=self.capture.flash_attn, capture=self.capture, n_seq=config.slots,
                                           unified=unified or config.slots == 1, kv_type=config.kv_type)
+            self.window = self._scoring_window(config)
         except Exception:
             self.close()
             raise
@@ -92,12 +94,24 @@ class Engine:
         for ctx, cost in ((self.target_ctx, self.costs.target), (self.speculator_ctx, self.costs.speculator)):
             if not ctx.private_cells:  # slots may share prefix cells, which a saved state would un-share
                 cost.move_s_per_cell = math.inf
-        self.spec = Speculator(self.speculator_ctx, self.capture, self.costs, self._calls)
+        self.spec = Speculator(self.speculator_ctx, self.capture, self.costs, self._calls, self.window)
         self.slot_kv = SlotKV(self.target_ctx, self.speculator_ctx, self.costs, self._calls)
         if config.calibrate_tokens:
             self.calibrate(config.calibrate_tokens)
 
+    def _scoring_window(self, config: EngineConfig) -> ScoringWindow | None:
+        """The scratch context of windowed scoring prefills (core.scoring_window), same
+        settings as the speculator's own so saved states move between the two."""
+        if not config.scoring_window:
+            return None
+        ctx = Context(self.speculator, n_ctx=self.speculator_ctx.n_ctx, n_batch=config.n_batch,
+                      n_ubatch=config.n_ubatch, n_threads=config.n_threads, flash_attn=self.speculator_ctx.flash_attn,
+                      views=True, n_seq=1, kv_type=config.kv_type)
+        return ScoringWindow(ctx, config.scoring_window)
+
     def close(self) -> None:
+        if getattr(self, "window", None) is not None:
+            self.window.close()
         for obj in ("speculator_ctx", "target_ctx"):
             if hasattr(self, obj):
                 getattr(self, obj).close()
@@ -147,7 +161,8 @@ class Engine:
                     n_score=n - sync.start, speculator_cached=sync.cells, lookahead=policy.lookahead,
                     n_batch=self.config.n_batch, compact=policy.position_mode == "compact",
                     n_rebuild=sync.n_rebuild, rebuild_runs=sync.rebuild_runs,
-                    kind=self._content_kind(prompt.tokens[q:], dense))
+                    kind=self._content_kind(prompt.tokens[q:], dense),
+                    speculator_span=self.spec.span(sync.start, n - sync.start - 1))
         return planner.plan(work, policy, verdict, costs or self.costs)
 
     def _content_kind(self, delta: Sequence[int], dense: np.ndarray) -> ContentKind:

@@ -60,6 +60,7 @@ class Timings:
     speculator_prefill_ms: float = 0.0
     speculator_mirrored_n: int = 0  # of those, the target's cells re-prefilled so the speculator mirrors it
     speculator_deferred_n: int = 0  # context tokens the speculator has yet to catch up on (next scoring turn)
+    speculator_windowed_n: int = 0  # of the prefilled, those that attended through the window (core.scoring_window)
     lookahead_ms: float = 0.0
     scoring_ms: float = 0.0  # speculator prefill + lookahead + selection
     ttft_ms: float = 0.0
@@ -96,6 +97,7 @@ class Timings:
             "speculator_prefill_ms": round(self.speculator_prefill_ms, 2),
             "speculator_mirrored_n": self.speculator_mirrored_n,
             "speculator_deferred_n": self.speculator_deferred_n,
+            "speculator_windowed_n": self.speculator_windowed_n,
             "lookahead_ms": round(self.lookahead_ms, 2), "scoring_ms": round(self.scoring_ms, 2),
             "ttft_ms": round(self.ttft_ms, 2), "predicted_n": self.predicted_n,
             "predicted_ms": round(self.predicted_ms, 2),

@@ -14,6 +14,7 @@ from core.llama.capture import AttentionCapture
 from core.llama.context import Context, Seq
 from core.results import Timings
 from core.runtime.steps import Tokens, TurnSteps
+from core.scoring_window import ScoringWindow
 from core.session_kv import (
     SeqState,
     SessionKV,
@@ -34,9 +35,15 @@ def rollback(seq: Seq, kv: SeqState, n_keep: int) -> None:
 
 
 class Speculator:
-    def __init__(self, ctx: Context, capture: AttentionCapture, costs: Costs, calls: Callable[[int], int]) -> None:
-        """``calls(n)``: llama_decode calls a prefill of ``n`` tokens takes."""
-        self.ctx, self.capture, self.costs, self.calls = ctx, capture, costs, calls
+    def __init__(self, ctx: Context, capture: AttentionCapture, costs: Costs, calls: Callable[[int], int],
+                 window: ScoringWindow | None = None) -> None:
+        """``calls(n)``: llama_decode calls a prefill of ``n`` tokens takes; ``window``: long
+        prefills attend through it (core.scoring_window)."""
+        self.ctx, self.capture, self.costs, self.calls, self.window = ctx, capture, costs, calls, window
+
+    def span(self, base: int, n: int) -> int:
+        """The most cells a token of a prefill of ``n`` after ``base`` will attend to (0: all)."""
+        return self.window.span if self.window is not None and self.window.applies(base, n) else 0
 
     def plan_sync(self, kv: SessionKV, tokens: Sequence[int]) -> SpeculatorSync:
         """How the speculator reaches ``tokens`` for scoring: as it is, or rebuilt as the
@@ -94,8 +101,13 @@ class Speculator:
         base = kv.next_pos
         if delta:
             t0 = time.perf_counter()
-            yield Tokens(seq, delta, base, logits=False)
-            self.costs.speculator.observe(len(delta), base, self.calls(len(delta)), time.perf_counter() - t0)
+            span = self.span(base, len(delta))
+            if span and self.window is not None:
+                yield from self.window.prefill(seq, delta, base)
+                t.speculator_windowed_n = len(delta)
+            else:
+                yield Tokens(seq, delta, base, logits=False)
+            self.costs.speculator.observe(len(delta), base, self.calls(len(delta)), time.perf_counter() - t0, span)
             kv.extend(delta, range(base, base + len(delta)))
             t.speculator_prefill_n += len(delta)
         return base + len(delta)

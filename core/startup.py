@@ -45,8 +45,9 @@ def available_bytes() -> int | None:
 def check_memory(config: EngineConfig, target: Model, speculator: Model) -> None:
     """Refuse a slot configuration whose KV caches and weights do not fit in memory."""
     per_f16 = KV_ELEMENT_BYTES[config.kv_type] / KV_ELEMENT_BYTES["f16"]  # Model counts f16 bytes
-    kv = int(config.slots * per_f16 * (config.n_ctx * target.kv_bytes_per_token
-                                       + config.speculator_ctx_len * speculator.kv_bytes_per_token))
+    spec_slots = config.slots + (1 if config.scoring_window else 0)  # the windowed prefill's scratch slot
+    kv = int(per_f16 * (config.slots * config.n_ctx * target.kv_bytes_per_token
+                        + spec_slots * config.speculator_ctx_len * speculator.kv_bytes_per_token))
     need, have = kv + target.size_bytes + speculator.size_bytes, available_bytes()
     if have is not None and need > have:
         mib = 1 << 20

@@ -84,6 +84,11 @@ class Context:
         self.abort: Callable[[], bool] | None = None  # checked between batches: a cancelled turn stops there
 
     @property
+    def n_stream(self) -> int:
+        """KV streams: one pool, or one per sequence (what a saved state must match)."""
+        return 1 if self.unified else self.n_seq
+
+    @property
     def private_cells(self) -> bool:
         """No cell is ever held by two sequences: split streams, or one sequence (whose
         view tags cells only while a speculative step runs, never during prefill)."""
@@ -121,8 +126,8 @@ class Context:
         """Decode ``tokens`` at positions start_pos.. in batches of n_batch.
 
         ``logits_all`` keeps every token's logits (one batch at most, read with
-        :meth:`logits_at`).  ``seqs[0]`` picks the cells attended; every id in
-        ``seqs`` holds the new cells.  ``abort`` (else the context's) is polled between
+        :meth:`logits_at`).  Every id in ``seqs`` holds the new cells (llama.cpp then
+        masks attention by the lowest id, not the first).  ``abort`` (else the context's) is polled between
         batches."""
         n = len(tokens)
         if start_pos + n > self.n_ctx:
@@ -267,8 +272,31 @@ class Seq:
         """Make the view's cells at positions [p0, p1) part of this sequence too."""
         llama_cpp.llama_memory_seq_cp(self._mem, self.ctx.view_seq, self.id, p0, p1)
 
-    def drop_view(self) -> None:
-        llama_cpp.llama_memory_seq_rm(self._mem, self.ctx.view_seq, -1, -1)
+    def drop_view(self, p0: int = -1, p1: int = -1) -> None:
+        """Untag the view's cells at positions [p0, p1) (all by default); cells only the
+        view held are freed."""
+        llama_cpp.llama_memory_seq_rm(self._mem, self.ctx.view_seq, p0, p1)
+
+    def view(self) -> Seq:
+        """The view as a sequence handle: a batch decoded into it attends to the view's
+        cells alone, and its new cells belong to the view until :meth:`commit_view`."""
+        if self.ctx.view_seq < 0:
+            raise EngineError("this context has no view sequence")
+        return Seq(self.ctx, self.ctx.view_seq)
+
+    @property
+    def stream(self) -> int:
+        """The KV stream holding this sequence's cells (each its own in a split context)."""
+        return 0 if self.ctx.unified else self.id
+
+    def load_from(self, other: Seq) -> None:
+        """Replace this sequence's cells with ``other``'s, which may be in another context
+        of the same model and cache types (a copy through the saved state)."""
+        self.load(other.save_as(self.ctx.n_stream, self.stream))
+
+    def save_as(self, n_stream: int, stream: int) -> bytes:
+        """:meth:`save`, laid out for a context of ``n_stream`` streams (core.llama.seq_state)."""
+        return seq_state.restream(self.save(), self.id, n_stream, stream)
 
     def save(self) -> bytes:
         """Serialize this sequence's KV cells (llama_state_seq_get_data)."""

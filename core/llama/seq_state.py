@@ -61,3 +61,24 @@ def move_cells(blob: np.ndarray, seq_id: int, moves: Mapping[int, int]) -> None:
     if np.unique(new).size != new.size:
         raise EngineError("moving KV cells would put two at one position")
     pos[:] = new
+
+
+def restream(blob: bytes, seq_id: int, n_stream: int, stream: int) -> bytes:
+    """The same saved sequence laid out for a context with ``n_stream`` KV streams, its
+    cells in stream ``stream``: llama.cpp refuses a state whose stream count differs
+    from the context's, though a sequence's cells and data are the same in each (a split
+    context writes one count per stream, a zero word for each but the sequence's own)."""
+    zero = b"\0\0\0\0"
+    words = np.frombuffer(blob[:HEADER], dtype="<u4")
+    if len(words) < 3 or int(words[0]) != MAGIC or int(words[1]) != seq_id or not 0 <= stream < n_stream:
+        raise EngineError("not a saved KV sequence of the expected layout")
+    streams = int(words[2])
+    own = 0  # the sequence's stream: the first whose count is not zero (all zero: an empty sequence)
+    while own < streams - 1 and blob[HEADER + 4 * own: HEADER + 4 * own + 4] == zero:
+        own += 1
+    after = 4 * (streams - 1 - own)
+    body = blob[HEADER + 4 * own: len(blob) - after]
+    if len(body) < 4 or blob[len(blob) - after:] != zero * (streams - 1 - own):
+        raise EngineError("a saved KV sequence spans more than one stream")
+    head = np.array([MAGIC, seq_id & 0xFFFFFFFF, n_stream], dtype="<u4").tobytes()
+    return head + zero * stream + body + zero * (n_stream - 1 - stream)

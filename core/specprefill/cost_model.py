@@ -7,7 +7,7 @@ KV cache, in ``calls`` llama_decode calls, is
 
 ``a`` is the weights (a matmul per token), ``b`` attention over the context (it
 is what makes an 8K prompt cost more than twice a 4K one: each token attends to
-every cell before it), ``d`` the per-call overhead that makes many small
+every cell before it, or to at most ``span`` cells in a windowed scoring prefill), ``d`` the per-call overhead that makes many small
 sparse-prefill runs dearer than one batch.  The three are refitted by least
 squares on relative error over recent measurements: the calibration at load,
 then every real prefill (one-token lookahead steps are fitted apart).  A short calibration prompt cannot
@@ -34,8 +34,17 @@ PRIOR_RUN_TOKENS = 64.0  # kept tokens per contiguous run, until selections are 
 SLOW_SAMPLE = 1.25  # a measurement this much slower than the fit predicts is suspected of contention
 
 
-def features(m: int, c: int, calls: int) -> np.ndarray:
-    return np.array([m, m * (c + (m - 1) / 2), calls], dtype=np.float64)
+def attended(m: int, c: int, span: int = 0) -> float:
+    """Cells the ``m`` new tokens attend to in all, after ``c`` cells: each sees those before
+    it, or at most ``span`` of them when a window bounds attention (0: unbounded)."""
+    if not span or c + m - 1 <= span:
+        return m * (c + (m - 1) / 2)
+    k = min(m, max(0, span - c))  # the first k tokens still see fewer than span cells
+    return k * (c + (k - 1) / 2) + (m - k) * span
+
+
+def features(m: int, c: int, calls: int, span: int = 0) -> np.ndarray:
+    return np.array([m, attended(m, c, span), calls], dtype=np.float64)
 
 
 @dataclass(slots=True)
@@ -56,8 +65,8 @@ class PrefillCost:
     def fitted(self) -> bool:
         return bool(self.coef[0] > 0)
 
-    def seconds(self, m: int, c: int = 0, calls: int = 1) -> float:
-        return float(features(m, c, calls) @ self.coef) if m > 0 else 0.0
+    def seconds(self, m: int, c: int = 0, calls: int = 1, span: int = 0) -> float:
+        return float(features(m, c, calls, span) @ self.coef) if m > 0 else 0.0
 
     def relabels(self, cells: int) -> bool:
         """Whether a bridge over a sequence of ``cells`` cells moves a label, not K."""
@@ -79,9 +88,9 @@ class PrefillCost:
         per_token = a + b * c
         return int((d + self.bridge_s(c)) / per_token) if per_token > 0 else 0
 
-    def observe(self, m: int, c: int, calls: int, seconds: float) -> None:
+    def observe(self, m: int, c: int, calls: int, seconds: float, span: int = 0) -> None:
         if m >= 1 and seconds > 0:
-            self.samples.append((features(m, c, calls), seconds))
+            self.samples.append((features(m, c, calls, span), seconds))
             self.coef = fit(list(self.samples))
 
 
@@ -163,6 +172,7 @@ class Work:
     n_rebuild: int = 0  # the target's cells the speculator re-prefills first, to mirror it
     rebuild_runs: int = 0  # the contiguous runs those form
     kind: ContentKind = ContentKind.PROSE  # of the tokens free to drop: what share selection keeps depends on it
+    speculator_span: int = 0  # the most cells a scoring prefill token attends to (a window); 0 = all
 
 
 @dataclass(slots=True, frozen=True)
@@ -192,6 +202,7 @@ def estimate(work: Work, costs: Costs) -> Estimate:
     # the speculator prefills all but the last token, then decodes it and the lookahead one by one
     n_prefill, n_context = max(0, work.n_score - 1), work.speculator_cached + work.n_score
     scoring = (costs.speculator.sparse_seconds(work.n_rebuild, 0, work.rebuild_runs)
-               + costs.speculator.seconds(n_prefill, work.speculator_cached, _calls(n_prefill, work.n_batch))
+               + costs.speculator.seconds(n_prefill, work.speculator_cached, _calls(n_prefill, work.n_batch),
+                                          work.speculator_span)
                + (work.lookahead + 1) * costs.speculator_step.seconds(1, n_context))
     return Estimate(dense, sparse, scoring, kept)

@@ -8,7 +8,7 @@ from core.policies import PrefillPolicy
 from core.prompt import Prompt, Span
 from core.session_kv import SeqState, cached_indices, plan_speculator_sync
 from core.specprefill.content import ContentKind
-from core.specprefill.cost_model import Costs, PrefillCost, Work, estimate, features
+from core.specprefill.cost_model import Costs, PrefillCost, Work, attended, estimate, features
 from core.specprefill.guard import GuardVerdict, inspect, keyword_hits, scan_spans
 from core.specprefill.planner import Status, plan
 
@@ -277,3 +277,13 @@ def test_mirror_keeps_the_last_history_token_and_only_the_shared_prefix():
     assert sync.rebuild is not None and sync.start == 3000
     assert 2999 not in cached_indices(target, 3000)  # dropped by the target, yet re-prefilled:
     assert sync.rebuild[-1] == 2999 and all(i < 3000 for i in sync.rebuild)  # positions stay logical after it
+
+
+def test_a_window_bounds_what_each_token_attends_to():
+    assert attended(10, 5) == sum(5 + i for i in range(10))
+    assert attended(10, 5, span=100) == attended(10, 5)  # the window never binds
+    assert attended(10, 5, span=8) == sum(min(5 + i, 8) for i in range(10))
+    assert attended(10, 50, span=8) == 10 * 8  # every token at the window already
+    cost = PrefillCost(coef=np.array([0.01, 1e-5, 0.0]))
+    full, windowed = cost.seconds(8000, 0, 16), cost.seconds(8000, 0, 16, span=2600)
+    assert windowed < full and windowed == pytest.approx(0.01 * 8000 + 1e-5 * attended(8000, 0, 2600))

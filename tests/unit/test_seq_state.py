@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from core.errors import EngineError
-from core.llama.seq_state import MAGIC, cell_positions, move_cells
+from core.llama.seq_state import MAGIC, cell_positions, move_cells, restream
 
 
 def blob(seq_id: int, positions: list[int], stream: int = 0, n_stream: int = 1) -> np.ndarray:
@@ -60,3 +60,22 @@ def test_an_unknown_layout_is_refused():
     with pytest.raises(EngineError):
         cell_positions(np.zeros(4, dtype=np.uint8), 0)
     assert cell_positions(blob(0, []), 0).size == 0  # an empty sequence has nothing to move
+
+
+@pytest.mark.parametrize("positions", [[0, 1, 2, 7], []])
+def test_a_state_moves_between_stream_layouts_unchanged(positions):
+    split = blob(2, positions, stream=2, n_stream=4).tobytes()
+    one = restream(split, 2, 1, 0)
+    assert one == blob(2, positions).tobytes()
+    assert restream(one, 2, 4, 2) == split
+    assert restream(split, 2, 4, 2) == split
+    assert cell_positions(np.frombuffer(restream(one, 2, 3, 0), dtype=np.uint8), 2).tolist() == positions
+
+
+def test_a_state_that_is_not_one_sequence_is_not_restreamed():
+    b = blob(1, [0, 1], stream=1, n_stream=3)
+    b[-4] = 1  # a later stream claims a cell too
+    with pytest.raises(EngineError, match="more than one stream"):
+        restream(b.tobytes(), 1, 1, 0)
+    with pytest.raises(EngineError, match="expected layout"):
+        restream(blob(1, [0]).tobytes(), 0, 1, 0)  # another sequence's state
