@@ -52,11 +52,17 @@ class Setting:
 
 def scorer_model(name: str) -> Path:
     """``S{k}``: the speculator's first k blocks; ``T{k}``: the target's (GemFilter proper);
-    ``q4_0``: the whole speculator re-quantized to Q4_0 (``--scorer speculator-q4_0``)."""
-    if name == "q4_0":
+    ``q4_0``: the whole speculator re-quantized to Q4_0 (``--scorer speculator-q4_0``);
+    ``q4_0w<W>``: that one, prefilling through a scoring window of W cells."""
+    if name.startswith("q4_0"):
         return requantized(model_files.model_path(model_files.SPECULATOR), "Q4_0", model_files.SPECULATOR.sha256)
     spec = {"S": model_files.SPECULATOR, "T": model_files.TARGET}[name[0]]
     return derived(int(name[1:]), spec)
+
+
+def window(name: str) -> int:
+    """The scoring window a scorer name asks for (``q4_0w1024``: 1024), else 0."""
+    return int(name[5:]) if name.startswith("q4_0w") else 0
 
 
 def scorer_settings(scorers: tuple[str, ...]) -> list[Setting]:
@@ -67,6 +73,9 @@ def scorer_settings(scorers: tuple[str, ...]) -> list[Setting]:
            Setting("full-max-la1-compact", "compact", lookahead=1),
            Setting("full-filter-sum-la1-original", lookahead=1, agg="filter-sum")]
     for name in scorers:
+        if name.startswith("q4_0w"):  # the default scorer through a window: the default settings
+            out.append(Setting(f"{name}-max-la1-original", scorer=name, lookahead=1))
+            continue
         if name == "q4_0":  # the whole model: the default aggregation, in both position modes
             out += [Setting(f"q4_0-max-la1-{mode}", mode, scorer=name, lookahead=1) for mode in ("original", "compact")]
             continue
@@ -172,7 +181,7 @@ def run_eval(per_family: int, seed: int, words: int, quick: bool, truncated: tup
     engine = Engine(cfg)
     paths = {**{f"K{k}": derived(k) for k in truncated}, **{name: scorer_model(name) for name in early}}
     scorers = {name: Engine(EngineConfig(target=str(p), speculator=str(p), n_ctx=4096, calibrate_tokens=0,
-                                         scorer="speculator-full"))
+                                         scorer="speculator-full", scoring_window=window(name)))
                for name, p in paths.items()}
     scorers |= {f"capture-{kind}": Engine(EngineConfig(target=speculator, speculator=speculator, n_ctx=4096,
                                                        scorer="speculator-full",

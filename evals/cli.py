@@ -4,6 +4,7 @@ themselves import only when they run."""
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from core import corpus
@@ -44,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     per_family = 1 if args.quick else args.per_family
     truncated = tuple(int(x) for x in args.truncated.split(",") if x)
     early = tuple(x.strip() for x in args.scorers.split(",") if x.strip())
-    if bad := [x for x in early if x != "q4_0" and (x[:1] not in ("S", "T") or not x[1:].isdigit())]:
-        raise SystemExit(f"--scorers: expected names like S8, T14 or q4_0, got {bad}")
+    if bad := [x for x in early if not re.fullmatch(r"q4_0|q4_0w\d+|[ST]\d+", x)]:
+        raise SystemExit(f"--scorers: expected names like S8, T14, q4_0 or q4_0w1024 (a scoring window), got {bad}")
     captures = tuple(x.strip() for x in args.captures.split(",") if x.strip())
     if any(x not in ("flash", "softmax") for x in captures) or len(set(captures)) != len(captures):
         raise SystemExit(f"--captures: expected distinct names from flash, softmax, got {args.captures!r}")
