@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     built = model_files.with_default_models(build(EngineConfig, {"target": args.target, "speculator": args.speculator,
                                                                  "scorer": args.scorer}))
     engine = EngineConfig(target=built.target, speculator=built.speculator, n_threads=built.n_threads,
-                          scorer=built.scorer)
+                          scorer=built.scorer, scoring_window=built.scoring_window)
     r = Run(args, engine, Path(args.out), "_quick" if args.quick else "")
     summaries = {name: REGISTRY[name](r) for name in SCENARIOS if name in chosen}
     progress("done")

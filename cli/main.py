@@ -31,6 +31,8 @@ HELP = {
     "bridge": "original mode: also prefill gaps between kept runs that cost less than one more run",
     "scorer": "model that scores prompts: speculator-full | speculator-q4_0 (its Q4_0 copy) | speculator-early:R | "
               "target-early:R (first R blocks)",
+    "scoring_window": "the scoring model prefills long prompts attending to the first 64 and the last this many "
+                      "cells; the scored rows see all (0 = off)",
     "score_agg": "max (over heads and layers) | filter-sum | filter-max (the scorer's last layer, GemFilter)",
     "guard_mode": "structural (keep structure dense, sparsify tool results) | skip (no SpecPrefill with tools)",
     "speculative": "speculative decoding: the speculator drafts, the target verifies",

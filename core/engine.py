@@ -110,8 +110,9 @@ class Engine:
         return ScoringWindow(ctx, config.scoring_window)
 
     def close(self) -> None:
-        if getattr(self, "window", None) is not None:
-            self.window.close()
+        window = getattr(self, "window", None)
+        if window is not None:
+            window.close()
         for obj in ("speculator_ctx", "target_ctx"):
             if hasattr(self, obj):
                 getattr(self, obj).close()
