@@ -44,7 +44,7 @@ class EngineConfig:
     step_tokens: int = 256  # the most prefill tokens a step carries while other turns stream; 0 = decode first
     prefill_share: float = 0.5  # such a chunk costs at most this share of the rest of its step; 0 = always
     # step_tokens (core/runtime/chunk_budget.py, README "Many sessions at once")
-    scoring_window: int = 0  # the scoring model prefills long prompts with each token attending to the first
+    scoring_window: int = 2048  # the scoring model prefills long prompts with each token attending to the first
     # 64 and the last this many cells (core/scoring_window.py); the scored rows still see all; 0 = off
     scorer: str = "speculator-q4_0"  # the model that scores prompts (core/llama/scorer_cuts.py): the speculator
     # re-quantized to Q4_0 (scored 1.5x faster and kept every answer, results/scorers.md); speculator-full, the
