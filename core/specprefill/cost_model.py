@@ -7,8 +7,9 @@ KV cache, in ``calls`` llama_decode calls, is
 
 ``a`` is the weights (a matmul per token), ``b`` attention over the context (it
 is what makes an 8K prompt cost more than twice a 4K one: each token attends to
-every cell before it, or to at most ``span`` cells in a windowed scoring prefill), ``d`` the per-call overhead that makes many small
-sparse-prefill runs dearer than one batch.  The three are refitted by least
+every cell before it, or to at most ``span`` cells in a windowed scoring prefill,
+where the sum is :func:`attended`'s), ``d`` the per-call overhead that makes many
+small sparse-prefill runs dearer than one batch.  The three are refitted by least
 squares on relative error over recent measurements: the calibration at load,
 then every real prefill (one-token lookahead steps are fitted apart).  A short calibration prompt cannot
 see attention, so the fit is pulled gently toward a prior for ``b`` (attention
