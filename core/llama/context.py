@@ -272,10 +272,8 @@ class Seq:
         """Make the view's cells at positions [p0, p1) part of this sequence too."""
         llama_cpp.llama_memory_seq_cp(self._mem, self.ctx.view_seq, self.id, p0, p1)
 
-    def drop_view(self, p0: int = -1, p1: int = -1) -> None:
-        """Untag the view's cells at positions [p0, p1) (all by default); cells only the
-        view held are freed."""
-        llama_cpp.llama_memory_seq_rm(self._mem, self.ctx.view_seq, p0, p1)
+    def drop_view(self) -> None:
+        llama_cpp.llama_memory_seq_rm(self._mem, self.ctx.view_seq, -1, -1)
 
     def view(self) -> Seq:
         """The view as a sequence handle: a batch decoded into it attends to the view's
@@ -291,12 +289,9 @@ class Seq:
 
     def load_from(self, other: Seq) -> None:
         """Replace this sequence's cells with ``other``'s, which may be in another context
-        of the same model and cache types (a copy through the saved state)."""
-        self.load(other.save_as(self.ctx.n_stream, self.stream))
-
-    def save_as(self, n_stream: int, stream: int) -> bytes:
-        """:meth:`save`, laid out for a context of ``n_stream`` streams (core.llama.seq_state)."""
-        return seq_state.restream(self.save(), self.id, n_stream, stream)
+        of the same model and cache types: a copy through the saved state, laid out for
+        this context's streams (core.llama.seq_state.restream)."""
+        self.load(seq_state.restream(other.save(), other.id, self.ctx.n_stream, self.stream))
 
     def save(self) -> bytes:
         """Serialize this sequence's KV cells (llama_state_seq_get_data)."""
