@@ -100,7 +100,7 @@ async def session(base: str, turns: list[dict[str, Any]], label: str, rows: list
     import openai
 
     async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="bench", max_retries=0, timeout=3600,
-                                  default_headers={"X-Session-Id": f"bench-{label}"}) as client:
+                                  default_headers={"X-SpecGate-Session": f"bench-{label}"}) as client:
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": "You are an operations agent. Use the tools; answer briefly."}]
         for i, turn in enumerate(turns):

@@ -89,7 +89,7 @@ def agent_client(base: str, label: str) -> Any:
     import openai
 
     return openai.AsyncOpenAI(base_url=base + "/v1", api_key="bench", max_retries=0, timeout=7200,
-                              default_headers={"X-Session-Id": label})
+                              default_headers={"X-SpecGate-Session": label})
 
 
 async def one_session(base: str, label: str, system: str, script: list[list[dict[str, Any]]], max_tokens: int,

@@ -31,7 +31,7 @@ def one_turn(http: httpx.Client, sid: str, history: list[dict[str, Any]], text: 
     history.append({"role": "user", "content": text})
     for attempt in (1, 2):
         try:
-            r = http.post("/v1/chat/completions", headers={"X-Session-Id": sid},
+            r = http.post("/v1/chat/completions", headers={"X-SpecGate-Session": sid},
                           json={"messages": history, "max_tokens": 8})
             if r.status_code == 200:
                 body = r.json()

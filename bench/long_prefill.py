@@ -1,7 +1,7 @@
 """``specgate bench long_prefill``: do agents keep streaming while another prefills 8K tokens?
 
 Agent-shaped traffic throughout (official ``openai`` client, streaming, ``tools``
-on every request, ``X-Session-Id``).  Per arm, on a fresh server:
+on every request, ``X-SpecGate-Session``).  Per arm, on a fresh server:
 
 1. one *streamer* session runs a turn alone: its inter-token latency (ITL) is the
    solo figure;

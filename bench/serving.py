@@ -128,7 +128,7 @@ async def concurrent_sessions(base: str, n_sessions: int, turns: int) -> dict[st
             tokens = 0
             for k in range(turns):
                 messages.append({"role": "user", "content": f"Turn {k}: tell me something short."})
-                r = (await client.post("/v1/chat/completions", headers={"X-Session-Id": sid},
+                r = (await client.post("/v1/chat/completions", headers={"X-SpecGate-Session": sid},
                                        json={"messages": messages, "max_tokens": 8})).json()
                 messages.append(r["choices"][0]["message"])
                 tokens += r["usage"]["completion_tokens"]

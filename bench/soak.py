@@ -71,7 +71,7 @@ async def session(http: httpx.AsyncClient, sid: str, turns: int, gate: asyncio.S
     for turn in range(turns):
         history.append({"role": "user", "content": f"Turn {turn}: " + text(rng, 40)})
         async with gate:
-            r = await http.post("/v1/chat/completions", headers={} if stateless else {"X-Session-Id": sid},
+            r = await http.post("/v1/chat/completions", headers={} if stateless else {"X-SpecGate-Session": sid},
                                 json={"messages": history, "max_tokens": 6})
         if r.status_code != 200:
             errors.append(f"{sid} turn {turn}: {r.status_code} {r.text[:200]}")

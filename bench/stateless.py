@@ -5,7 +5,7 @@ is a question, the assistant's ``read_log`` call and the long log it returned (a
 ``role: tool`` message), and the last turn is a short instruction (the script of
 bench/agent_session.py).  The same messages go to, each a fresh server:
 
-- ``specgate_named``: SpecGate, the session named by ``X-Session-Id``;
+- ``specgate_named``: SpecGate, the session named by ``X-SpecGate-Session``;
 - ``specgate_stateless``: SpecGate, no session named: the client resends the whole
   history each turn, and the gateway finds the conversation by its tokens;
 - ``llama_server``: llama.cpp's own server (its prompt cache on, one slot per agent);
@@ -110,7 +110,7 @@ def cluster(engine: EngineConfig, keys: list[str], logs: Path) -> contextlib.Abs
 
 def agent(client: Any, arm: str, r: int, a: int, sizes: tuple[int, ...]) -> Agent:
     """Round ``r``'s agent ``a`` of ``arm``: a named arm sends its session id, the others none."""
-    headers = {"X-Session-Id": f"bench-{arm}-{r}-{a}"} if arm.endswith("named") else {}
+    headers = {"X-SpecGate-Session": f"bench-{arm}-{r}-{a}"} if arm.endswith("named") else {}
     return Agent(client.with_options(default_headers=headers), script(sizes, seed=11 + a + 100 * r), f"{arm}-{r}-{a}")
 
 

@@ -48,7 +48,7 @@ HELP = {
     "max_queue": "queued requests before 429",
     "step_tokens": "most prefill tokens a step carries while other turns stream (0 = decode first)",
     "prefill_share": "such a chunk costs at most this share of the rest of its step (0 = a fixed chunk)",
-    "auto_create_sessions": "create a session on the first chat request that names an unknown X-Session-Id",
+    "auto_create_sessions": "create a session on the first chat request that names an unknown X-SpecGate-Session",
     "target": "target GGUF (default: the fetched Qwen2.5-Coder-1.5B)",
     "speculator": "speculator GGUF (default: the fetched Qwen2.5-Coder-0.5B)",
     "n_threads": "llama.cpp threads (default: all cores)",
@@ -58,7 +58,11 @@ HELP = {
     "max_messages": "most messages one request may carry (413 past it)",
     "max_prompt_chars": "most content characters one request may carry (0 = 16 per context token)",
     "max_tool_depth": "deepest JSON nesting of tool definitions",
-    "max_tokens_cap": "largest max_tokens a request may ask for",
+    "max_tokens_cap": "a request's max_tokens is clamped to this (and to what the context leaves), never refused",
+    "default_max_tokens": "max_tokens of a request that sets none",
+    "keepalive_s": "a quiet stream (a long prefill) sends a keepalive this often: Anthropic ping, SSE comment",
+    "keep_billing_header": "keep Claude Code's per-conversation billing line at the head of the system prompt "
+                           "(stripped by default so conversations share their prompt's KV)",
     "max_sessions": "live sessions this process holds (429 past it)",
     "max_sessions_per_key": "sessions one API key may hold (429 past it)",
 }

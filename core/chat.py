@@ -19,15 +19,18 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import structlog
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from core import tool_section
 from core.errors import InvalidRequest
 from core.prompt import Prompt, Span
 
 if TYPE_CHECKING:  # tokenizing needs llama.cpp; rendering and validation do not
     from core.llama.model import Model
 
+log = structlog.get_logger("specgate.chat")
 ROLES = ("system", "user", "assistant", "tool")
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -102,6 +105,11 @@ def message_bounds(offsets: dict[tuple[str, int], int], n_messages: int, n_bytes
 
 
 class ChatTemplate:
+    """The model's chat template.  Two gaps in some templates are filled here, and logged:
+    a template that renders no tools gets them as a generic tool section in the system
+    prompt (:mod:`core.tool_section`, as llama-server does), and one that refuses a system
+    message after the first gets it folded into the system prompt."""
+
     def __init__(self, model: Model) -> None:
         self.model = model
         source = model.meta("tokenizer.chat_template") or CHATML
@@ -109,14 +117,25 @@ class ChatTemplate:
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         self._template = env.from_string(source)
+        self.renders_tools = tool_section.template_renders_tools(self._render)
+        log.info("chat_template", tools="native" if self.renders_tools else "generic_section")
+
+    def _render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
+                add_generation_prompt: bool) -> str:
+        return self._template.render(messages=list(messages), tools=list(tools) if tools else None,
+                                     add_generation_prompt=add_generation_prompt, bos_token="", eos_token="")
 
     def render_text(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
                     add_generation_prompt: bool) -> str:
+        if tools and not self.renders_tools:
+            messages, tools = tool_section.with_tool_section(messages, tools), None
         try:
-            return self._template.render(messages=list(messages), tools=list(tools) if tools else None,
-                                         add_generation_prompt=add_generation_prompt,
-                                         bos_token="", eos_token="")
+            return self._render(messages, tools, add_generation_prompt)
         except (TemplateError, RecursionError) as exc:
+            folded = fold_system(messages)
+            if folded is not None:
+                log.debug("system_messages_folded", n=len(messages) - len(folded))
+                return self.render_text(folded, tools, add_generation_prompt)
             raise InvalidRequest(f"chat template rejected the messages: {exc}") from exc
 
     def render_chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
@@ -155,6 +174,21 @@ class ChatTemplate:
                 m = messages[int(index)]
                 spans.append(Span(m["role"], a, b, bool(m.get("tool_calls"))))
         return spans
+
+
+def fold_system(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The messages with every system message after the first joined to the leading system
+    prompt (one made if there is none); None when there is no such message to fold."""
+    later = [m for i, m in enumerate(messages) if m.get("role") == "system" and i > 0]
+    if not later:
+        return None
+    rest = [m for i, m in enumerate(messages) if i > 0 and m.get("role") != "system"]
+    head = messages[0] if messages and messages[0].get("role") == "system" else None
+    if head is None:
+        rest = [messages[0], *rest] if messages else rest
+    texts = [head["content"]] if head and head.get("content") else []
+    system = {"role": "system", "content": "\n\n".join(texts + [m.get("content") or "" for m in later])}
+    return [system, *rest]
 
 
 def validate_messages(messages: Sequence[dict[str, Any]]) -> None:

@@ -26,7 +26,7 @@ class EngineConfig:
 
     target: str = ""
     speculator: str = ""
-    n_ctx: int = 8192
+    n_ctx: int = 0  # 0 = the target's trained context (32768 for the default pair; see with_default_models)
     speculator_n_ctx: int = 0  # 0 = same as n_ctx
     n_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     n_batch: int = 512
@@ -51,7 +51,8 @@ class EngineConfig:
     # file as given; speculator-early:R, target-early:R -- the first R blocks of either model
 
     def __post_init__(self) -> None:
-        _require(self.n_ctx >= 64, f"n_ctx must be >= 64, got {self.n_ctx}")
+        _require(self.n_ctx == 0 or self.n_ctx >= 64, f"n_ctx must be 0 (the model's trained context) or >= 64, "
+                                                       f"got {self.n_ctx}")
         _require(1 <= self.slots <= 64, f"slots must be in [1, 64], got {self.slots}")
         _one_of("kv_layout", self.kv_layout, KV_LAYOUTS)
         _one_of("attention_capture", self.attention_capture, CAPTURES)
@@ -85,12 +86,14 @@ class Limits:
     max_messages: int = 2048
     max_prompt_chars: int = 0  # characters of content before templating; 0 = 16 per context token
     max_tool_depth: int = 16  # JSON nesting of the tool definitions
-    max_tokens_cap: int = 4096  # the largest max_tokens a request may ask for
+    max_tokens_cap: int = 32768  # a request's max_tokens is clamped to this (and to what its context leaves)
+    default_max_tokens: int = 4096  # a request that sets no max_tokens
     max_sessions: int = 4096  # live sessions in this process
     max_sessions_per_key: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("max_messages", "max_tool_depth", "max_tokens_cap", "max_sessions", "max_sessions_per_key"):
+        for name in ("max_messages", "max_tool_depth", "max_tokens_cap", "default_max_tokens", "max_sessions",
+                     "max_sessions_per_key"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1")
         _require(self.max_prompt_chars >= 0, "max_prompt_chars must be >= 0")
 

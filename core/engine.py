@@ -25,11 +25,12 @@ from core.decoding.decode import Generation, OnText, generate
 from core.decoding.specattn import SparseVerify, layer_weights
 from core.decoding.speculative import SpeculativeDecoder
 from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong
-from core.llama import prefill_settings
+from core.llama import model_files, prefill_settings
 from core.llama.capture import make_capture
 from core.llama.context import Context
 from core.llama.model import Model
 from core.llama.scorer_cuts import scoring_model
+from core.loader import override
 from core.policies import DecodeMode, DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams
 from core.prompt import Prompt
 from core.results import Result, Timings
@@ -61,6 +62,8 @@ class Engine:
     early-layer cut of either model (``config.scorer``, core.llama.scorer_cuts)."""
 
     def __init__(self, config: EngineConfig) -> None:
+        if config.n_ctx == 0:  # built without with_default_models: the target's trained context
+            config = override(config, n_ctx=model_files.trained_context(config.target))
         self.config = config
         self.target = Model(config.target)
         try:

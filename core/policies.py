@@ -163,6 +163,7 @@ class SamplingParams:
     """Per-request decoding parameters (OpenAI names where they exist)."""
 
     max_tokens: int = 256
+    max_tokens_asked: int = 0  # what the client asked for, when that was more than max_tokens (0: not clamped)
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0

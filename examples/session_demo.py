@@ -8,7 +8,7 @@ Each turn is agent-shaped, as the openai client sends it: a question, the
 assistant's ``read_log`` call and the log it returned as a ``role: tool``
 message (sizes alternate long/short, so some deltas cross min_tokens and some
 do not), with the tools offered on every request.  Over HTTP the session is
-named by ``X-Session-Id`` alone (created on first use).  The script prints and
+named by ``X-SpecGate-Session`` alone (created on first use).  The script prints and
 stores every turn's timings.
 """
 
@@ -56,7 +56,7 @@ async def run_http(base: str, n_turns: int, max_tokens: int) -> list[dict]:
         for i in range(n_turns):
             messages += turn_messages(i, rng)
             t0 = time.perf_counter()
-            r = await client.post("/v1/chat/completions", headers={"X-Session-Id": sid},
+            r = await client.post("/v1/chat/completions", headers={"X-SpecGate-Session": sid},
                                   json={"messages": messages, "tools": AGENT_TOOLS, "max_tokens": max_tokens})
             r.raise_for_status()
             body = r.json()

@@ -24,7 +24,7 @@ from aiohttp import web
 from core.config import DEFAULT_LIMITS, Limits
 from core.errors import InvalidRequest
 from core.policies import TurnParams
-from gateway import keys, protocol, sse
+from gateway import client_hints, keys, protocol, sse
 from gateway import messages as wire
 from gateway.bodies import json_response, read_json
 from gateway.error_responses import anthropic_body
@@ -33,7 +33,13 @@ from gateway.turn_http import begin, complete, session_headers
 
 log = structlog.get_logger("specgate.http")
 routes = web.RouteTableDef()
-IGNORED_BLOCKS = ("thinking", "redacted_thinking")  # a model's own reasoning, sent back: not rendered
+# a model's own reasoning sent back, and server-tool blocks (run by Anthropic's servers, not here): not rendered
+IGNORED_BLOCKS = ("thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result",
+                  "web_fetch_tool_result", "code_execution_tool_result", "container_upload")
+# the fields read here; the rest (thinking, context_management, output_config, service_tier, container,
+# mcp_servers, betas, ...) have no meaning on this server and are ignored with a debug log
+KNOWN_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "max_tokens", "stream",
+                          "temperature", "top_p", "top_k", "stop_sequences", "metadata", "session_id", "specprefill"})
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "cancelled": "end_turn"}
 
 
@@ -61,12 +67,14 @@ async def count_tokens(request: web.Request) -> web.Response:
 
 def parse(body: Any, request: web.Request) -> ChatRequest:
     config = request.app[keys.CONFIG]
-    return parse_messages_body(body, request.app[keys.DEFAULTS], request.headers.get("X-Session-Id"),
-                               config.gateway.limits, config.engine.n_ctx)
+    return parse_messages_body(body, request.app[keys.DEFAULTS], request.headers.get(client_hints.SESSION_HEADER),
+                               config.gateway.limits, config.engine.n_ctx, client_hints.header_hint(request.headers),
+                               config.gateway.keep_billing_header)
 
 
 def parse_messages_body(body: Any, defaults: TurnParams, header_session: str | None,
-                        limits: Limits = DEFAULT_LIMITS, n_ctx: int = 8192) -> ChatRequest:
+                        limits: Limits = DEFAULT_LIMITS, n_ctx: int = 8192, header_hint: str | None = None,
+                        keep_billing: bool = False) -> ChatRequest:
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     if not isinstance(body.get("max_tokens"), int) or isinstance(body.get("max_tokens"), bool):
@@ -74,23 +82,31 @@ def parse_messages_body(body: Any, defaults: TurnParams, header_session: str | N
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("'messages' must be a non-empty list")
-    chat: list[dict[str, Any]] = [{"role": "system", "content": _system(body.get("system"))}] \
-        if body.get("system") else []
+    if ignored := sorted(set(body) - KNOWN_FIELDS):
+        log.debug("fields_ignored", protocol="anthropic", fields=ignored)
+    system = _system(body.get("system"), keep_billing)
+    chat: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for i, m in enumerate(raw):
         chat += _message(m, f"messages[{i}]")
-    tools = wire.function_tools(body.get("tools"), lambda t: "input_schema" in t, "input_schema")
+    tools = wire.function_tools(body.get("tools"), _runnable, "input_schema")
     choice = _tool_choice(body.get("tool_choice"))
     chat_body = {
         "messages": chat, "tools": tools, "tool_choice": choice, "model": body.get("model"),
         "stream": body.get("stream"), "max_tokens": body["max_tokens"], "temperature": body.get("temperature"),
         "top_p": body.get("top_p"), "top_k": body.get("top_k"), "stop": body.get("stop_sequences"),
         "session_id": body.get("session_id"), "specprefill": body.get("specprefill"),
-        "user": _user_id(body.get("metadata")),
+        "user": client_hints.anthropic_user_hint(_user_id(body.get("metadata"))),
         "parallel_tool_calls": False if isinstance(body.get("tool_choice"), dict)
         and body["tool_choice"].get("disable_parallel_tool_use") is True else None,
     }
     return protocol.parse_chat({k: v for k, v in chat_body.items() if v is not None}, defaults, header_session,
-                               limits, n_ctx)
+                               limits, n_ctx, header_hint)
+
+
+def _runnable(tool: dict[str, Any]) -> bool:
+    """A client-side tool the model may call now: not a server tool (web search, code
+    execution: no ``input_schema``), nor one deferred until a tool search loads it."""
+    return "input_schema" in tool and tool.get("defer_loading") is not True
 
 
 def _user_id(metadata: Any) -> Any:
@@ -101,14 +117,29 @@ def _user_id(metadata: Any) -> Any:
     return metadata.get("user_id")
 
 
-def _system(system: Any) -> str:
-    return wire.join_text(system, "system")
+def _system(system: Any, keep_billing: bool) -> str:
+    """The system prompt, without Claude Code's leading billing line unless kept."""
+    if not system:
+        return ""
+    text = wire.join_text(system, "system")
+    if keep_billing:
+        return text
+    if isinstance(system, list) and system and isinstance(system[0], dict):  # the line is the first block
+        first, found = client_hints.strip_billing_line(system[0].get("text") or "")
+        text = wire.join_text([{**system[0], "text": first}, *system[1:]], "system") if found else text
+    else:
+        text, found = client_hints.strip_billing_line(text)
+    if found:
+        log.debug("billing_line_stripped")
+    return text
 
 
 def _message(m: Any, where: str) -> list[dict[str, Any]]:
-    """One Anthropic message as OpenAI chat messages: tool results become ``role: tool``."""
-    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-        raise InvalidRequest(f"{where} must be an object with role 'user' or 'assistant'")
+    """One Anthropic message as OpenAI chat messages: tool results become ``role: tool``; a
+    ``system`` entry (Claude Code's environment context) stays where it is in the conversation
+    (core.chat folds it into the system prompt when the template cannot place it there)."""
+    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+        raise InvalidRequest(f"{where} must be an object with role 'user', 'assistant' or 'system'")
     role, content = m["role"], m.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
@@ -131,10 +162,10 @@ def _message(m: Any, where: str) -> list[dict[str, Any]]:
             body = wire.join_text(result, f"{at}.content") if result else ""
             out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                         "content": f"Error: {body}" if block.get("is_error") else body})
+        elif kind in wire.UNREADABLE:
+            text.append(wire.placeholder(kind))
         elif kind in IGNORED_BLOCKS:
             continue
-        elif kind in ("image", "document"):
-            raise InvalidRequest(f"{at}: {kind} blocks are not supported (this server's models read text only)")
         else:
             raise InvalidRequest(f"{at} must be a text, tool_use (assistant) or tool_result (user) block, "
                                  f"got {kind!r}")

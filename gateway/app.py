@@ -43,7 +43,7 @@ log = structlog.get_logger("specgate.http")
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = request.headers.get("X-Request-Id") or f"req-{uuid.uuid4().hex[:12]}"
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request_id[:64], session_id=request.headers.get("X-Session-Id"))
+    structlog.contextvars.bind_contextvars(request_id=request_id[:64], session_id=request.headers.get("X-SpecGate-Session"))
     t0 = time.perf_counter()
     response = await handler(request)
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"

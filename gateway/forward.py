@@ -1,6 +1,6 @@
 """Requests for a session another replica owns: proxied to the owner.
 
-A balancer that hashes ``X-Session-Id`` sends a session's turns to one
+A balancer that hashes ``X-SpecGate-Session`` sends a session's turns to one
 replica; after a replica joins or leaves, or for a request that names its
 session only in the body, a turn can land elsewhere.  The replica that gets
 it proxies the request -- streams included -- to the owner found in the

@@ -33,7 +33,7 @@ async def create_session(request: web.Request) -> web.Response:
     if request.app[keys.RUNNER].draining:
         raise ShuttingDown("the server is shutting down; create the session on another replica")
     session = await request.app[keys.MANAGER].create(request[OWNER], body.get("id"))
-    return web.json_response(session_view(request, session), status=201, headers={"X-Session-Id": session.id})
+    return web.json_response(session_view(request, session), status=201, headers={"X-SpecGate-Session": session.id})
 
 
 def session_view(request: web.Request, session: Any) -> dict[str, Any]:

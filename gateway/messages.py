@@ -34,6 +34,9 @@ def _content(value: Any, where: str) -> str | None:
     if isinstance(value, list):
         parts = []
         for i, part in enumerate(value):
+            if isinstance(part, dict) and part.get("type") in UNREADABLE:
+                parts.append(placeholder(part["type"]))
+                continue
             if not isinstance(part, dict) or part.get("type") != "text":
                 raise InvalidRequest(f"{where}[{i}] must be a text part {{\"type\": \"text\", \"text\": ...}}")
             parts.append(_str(part.get("text"), f"{where}[{i}].text", optional=False))
@@ -152,8 +155,19 @@ def tool_choice(choice: Any, tools: tuple[dict[str, Any], ...] | None) -> str:
     return name
 
 
+# parts a text-only model cannot read: each becomes a short placeholder, so an agent whose tool
+# returned a screenshot (Claude Code's Read of an image) goes on instead of failing
+UNREADABLE = ("image", "document", "input_image", "input_file", "image_url", "input_audio", "file")
+
+
+def placeholder(kind: Any) -> str:
+    log.debug("part_replaced", part_type=kind)
+    return f"[{kind} omitted: this server's models read text only]"
+
+
 def join_text(content: Any, where: str, kinds: tuple[str, ...] = ("text",)) -> str:
-    """A string, or a list of text parts of ``kinds`` joined (another protocol's content)."""
+    """A string, or a list of text parts of ``kinds`` joined (another protocol's content);
+    parts no text model reads become placeholders."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -161,6 +175,9 @@ def join_text(content: Any, where: str, kinds: tuple[str, ...] = ("text",)) -> s
     parts = []
     for k, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind in UNREADABLE:
+            parts.append(placeholder(kind))
+            continue
         text = part.get("refusal" if kind == "refusal" else "text") if kind in kinds else None
         if not isinstance(text, str):
             raise InvalidRequest(f"{where}[{k}]: {kind!r} parts are not supported here (this server's models "
@@ -182,7 +199,7 @@ def function_tools(tools: Any, runnable: Callable[[dict[str, Any]], bool],
         if not isinstance(t, dict):
             raise InvalidRequest(f"tools[{i}] must be an object")
         if not runnable(t):
-            log.warning("tool_ignored", tool_type=t.get("type"), name=t.get("name"))
+            log.debug("tool_ignored", tool_type=t.get("type"), name=t.get("name"))
             continue
         if not isinstance(t.get("name"), str):
             raise InvalidRequest(f"tools[{i}].name must be a string")

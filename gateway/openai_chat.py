@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway import keys, protocol, sse
+from gateway import client_hints, keys, protocol, sse
 from gateway.bodies import json_response, read_json
 from gateway.error_responses import error_body
 from gateway.openai_chat_objects import chunk, completion, final_chunks, new_id
@@ -23,8 +23,9 @@ routes = web.RouteTableDef()
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     config = app[keys.CONFIG]
-    req = protocol.parse_chat(await read_json(request), app[keys.DEFAULTS], request.headers.get("X-Session-Id"),
-                              config.gateway.limits, config.engine.n_ctx)
+    req = protocol.parse_chat(await read_json(request), app[keys.DEFAULTS],
+                              request.headers.get(client_hints.SESSION_HEADER), config.gateway.limits,
+                              config.engine.n_ctx, client_hints.header_hint(request.headers))
     turn = await begin(request, req)
     model = config.gateway.model_name
     headers = session_headers(turn)

@@ -27,7 +27,7 @@ import structlog
 from aiohttp import web
 
 from core.errors import InvalidRequest, SessionNotFound
-from gateway import keys, protocol, sse
+from gateway import client_hints, keys, protocol, sse
 from gateway import messages as wire
 from gateway.auth import OWNER
 from gateway.bodies import json_response, read_json
@@ -42,6 +42,11 @@ STORE_WAIT_S = 2.0
 KEPT_RESPONSES = 16  # per conversation: what GET /v1/responses/{id} and previous_response_id can reach
 _ID = re.compile(r"resp_([0-9a-f]{20})_[0-9a-f]{8}")
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+# the fields read here; the rest (reasoning, include, client_metadata, service_tier, truncation, ...) have
+# no meaning on this server and are ignored with a debug log
+KNOWN_FIELDS = frozenset({"model", "input", "instructions", "tools", "tool_choice", "stream", "max_output_tokens",
+                          "temperature", "top_p", "parallel_tool_calls", "text", "store", "metadata", "user",
+                          "prompt_cache_key", "previous_response_id", "background", "conversation", "specprefill"})
 ECHOED = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "previous_response_id",
           "temperature", "top_p", "user", "prompt_cache_key")
 
@@ -166,12 +171,16 @@ async def _keep(request: web.Request, session: Session | None, response: dict[st
 # -- parsing ---------------------------------------------------------------------------
 def parse(body: Any, request: web.Request, history: list[dict[str, Any]]) -> ResponsesRequest:
     config = request.app[keys.CONFIG]
-    return parse_body(body, history, request.app[keys.DEFAULTS], config.gateway.limits, config.engine.n_ctx)
+    return parse_body(body, history, request.app[keys.DEFAULTS], config.gateway.limits, config.engine.n_ctx,
+                      client_hints.header_hint(request.headers))
 
 
-def parse_body(body: Any, history: list[dict[str, Any]], defaults: Any, limits: Any, n_ctx: int) -> ResponsesRequest:
+def parse_body(body: Any, history: list[dict[str, Any]], defaults: Any, limits: Any, n_ctx: int,
+               header_hint: str | None = None) -> ResponsesRequest:
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
+    if ignored := sorted(set(body) - KNOWN_FIELDS):
+        log.debug("fields_ignored", protocol="responses", fields=ignored)
     for key in ("background", "conversation"):
         if body.get(key):
             raise InvalidRequest(f"'{key}' is not supported by this server")
@@ -189,7 +198,8 @@ def parse_body(body: Any, history: list[dict[str, Any]], defaults: Any, limits: 
                  "top_p": body.get("top_p"), "specprefill": body.get("specprefill"),
                  "parallel_tool_calls": body.get("parallel_tool_calls"), "response_format": _format(fmt),
                  "prompt_cache_key": body.get("prompt_cache_key"), "user": body.get("user")}
-    chat = protocol.parse_chat({k: v for k, v in chat_body.items() if v is not None}, defaults, None, limits, n_ctx)
+    chat = protocol.parse_chat({k: v for k, v in chat_body.items() if v is not None}, defaults, None, limits, n_ctx,
+                               header_hint)
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16
                                      and all(isinstance(v, str) and len(v) <= 512 for v in metadata.values())):

@@ -94,7 +94,7 @@ def _post(operation: str, schema: dict[str, Any], stream: bool = False) -> dict[
 _RESPONSES = {"200": _JSON_OK, "400": _ERROR, "401": _ERROR, "404": _ERROR, "409": _ERROR, "413": _ERROR,
               "429": _ERROR, "503": _ERROR}
 _SESSION_ID = {"name": "id", "in": "path", "required": True, "schema": _ID}
-_SESSION_HEADER = {"name": "X-Session-Id", "in": "header", "required": False, "schema": _ID}
+_SESSION_HEADER = {"name": "X-SpecGate-Session", "in": "header", "required": False, "schema": _ID}
 
 SPEC: dict[str, Any] = {
     "openapi": "3.0.3",

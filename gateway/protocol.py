@@ -21,8 +21,8 @@ from core.errors import ConfigError, InvalidRequest
 from core.loader import override
 from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams, request_bounds
 from core.results import Result, Timings
+from gateway import client_hints, tool_calls
 from gateway import messages as wire
-from gateway import tool_calls
 
 SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 UNSUPPORTED = ("grammar", "logprobs", "top_logprobs", "logit_bias")
@@ -52,18 +52,20 @@ def _typed(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what: 
     return value
 
 
-def parse_sampling(body: dict[str, Any], max_tokens_cap: int = DEFAULT_LIMITS.max_tokens_cap) -> SamplingParams:
+def parse_sampling(body: dict[str, Any], max_tokens_cap: int = DEFAULT_LIMITS.max_tokens_cap,
+                   default_max_tokens: int = DEFAULT_LIMITS.default_max_tokens) -> SamplingParams:
     stop = body.get("stop")
     if isinstance(stop, str):
         stop = [stop]
     if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)):
         raise InvalidRequest("'stop' must be a string or a list of strings")
-    max_tokens = _typed(body, "max_completion_tokens", int, "an integer") or _typed(body, "max_tokens", int,
-                                                                                    "an integer")
-    if max_tokens is not None and max_tokens > max_tokens_cap:
-        raise InvalidRequest(f"'max_tokens' is {max_tokens}; this server allows at most {max_tokens_cap}")
-    values = {
-        "max_tokens": max_tokens,
+    asked = _typed(body, "max_completion_tokens", int, "an integer") or _typed(body, "max_tokens", int,
+                                                                               "an integer")
+    if asked is not None and asked < 1:
+        raise InvalidRequest(f"'max_tokens' must be >= 1, got {asked}")
+    values = {  # a ceiling, never a refusal: above the cap it is clamped (and the turn's timings say so)
+        "max_tokens": min(asked or default_max_tokens, max_tokens_cap),
+        "max_tokens_asked": asked or 0,
         "temperature": _typed(body, "temperature", (int, float), "a number"),
         "top_p": _typed(body, "top_p", (int, float), "a number"),
         "top_k": _typed(body, "top_k", int, "an integer"),
@@ -130,7 +132,7 @@ def parse_decoding(base: DecodingPolicy, body: dict[str, Any]) -> DecodingPolicy
 
 
 def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limits: Limits = DEFAULT_LIMITS,
-               n_ctx: int = 8192) -> ChatRequest:
+               n_ctx: int = 8192, header_hint: str | None = None) -> ChatRequest:
     """``defaults``: the server's policies; the request's fields override them.  ``messages``
     come back checked and reduced to the known fields (OpenAI's form, as stored)."""
     if not isinstance(body, dict):
@@ -153,24 +155,23 @@ def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limi
         include_usage=bool(stream_options.get("include_usage")),
         params=TurnParams(prefill=parse_prefill(defaults.prefill, body.get("specprefill")),
                           decoding=parse_decoding(defaults.decoding, body),
-                          sampling=override(parse_sampling(body, limits.max_tokens_cap), constraint=constraint)),
+                          sampling=override(parse_sampling(body, limits.max_tokens_cap, limits.default_max_tokens),
+                                            constraint=constraint)),
         session_id=session_id,
         model=_typed(body, "model", str, "a string") or "",
         tool_choice=choice,
-        hint=_hint(body),
+        hint=_hint(body, header_hint),
     )
 
 
-def _hint(body: dict[str, Any]) -> str | None:
-    """What the client says groups its requests (OpenAI's ``prompt_cache_key``, else
-    ``user``): a conversation that names no session is continued only among those."""
-    for key in ("prompt_cache_key", "user"):
-        value = _typed(body, key, str, "a string")
-        if value:
-            if len(value) > 256:
-                raise InvalidRequest(f"'{key}' is longer than 256 characters")
-            return value
-    return None
+def _hint(body: dict[str, Any], header_hint: str | None) -> str | None:
+    """What the client says groups its requests (OpenAI's ``prompt_cache_key``, else a client
+    session header, else ``user``; see :mod:`gateway.client_hints`): a conversation that
+    names no session is continued only among those."""
+    cache_key = _typed(body, "prompt_cache_key", str, "a string")
+    user = _typed(body, "user", str, "a string")
+    value = cache_key or header_hint or user
+    return client_hints.bounded(value) if value else None
 
 
 def output_constraint(tools: tuple[dict[str, Any], ...] | None, choice: str, parallel: bool,

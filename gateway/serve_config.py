@@ -20,7 +20,7 @@ class GatewayConfig:
     model_name: str = "specgate"
     redis_url: str = ""  # empty = the in-process store
     session_ttl_s: int = 86400
-    auto_create_sessions: bool = True  # an unknown X-Session-Id on a chat request creates the session
+    auto_create_sessions: bool = True  # an unknown X-SpecGate-Session on a chat request creates the session
     kv_budget_mb: int = 2048
     prefix_min_tokens: int = 256  # a system prompt this long is cached for new sessions (0 = no prefix cache)
     implicit_sessions: bool = True  # a request naming no session continues the held conversation its tokens match
@@ -36,6 +36,8 @@ class GatewayConfig:
     replica_id: str = ""  # this replica's name in the session registry; empty = hostname-port
     advertise_url: str = ""  # where other replicas reach this one; empty = http://host:port
     lease_ms: int = 15000  # a session lease's TTL in Redis, renewed while the replica keeps the session
+    keepalive_s: float = 15.0  # a stream sends a keepalive (Anthropic ping, SSE comment) when this long quiet
+    keep_billing_header: bool = False  # keep Claude Code's per-conversation billing line (gateway/client_hints.py)
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
@@ -50,6 +52,7 @@ class GatewayConfig:
         _require(self.kv_spill_max_mb >= 0, "kv_spill_max_mb must be >= 0")
         _require(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
         _require(self.lease_ms >= 1000, "lease_ms must be >= 1000")
+        _require(self.keepalive_s > 0, "keepalive_s must be > 0")
 
 
 @dataclass(slots=True, frozen=True)

@@ -12,6 +12,7 @@ from aiohttp import web
 from core.errors import SessionBusy
 from gateway import keys
 from gateway.auth import OWNER
+from gateway.client_hints import IMPLICIT_HEADER, SESSION_HEADER
 from gateway.protocol import ChatRequest, TurnResult
 from gateway.turns import Turn
 from sessions.manager import Session
@@ -56,10 +57,10 @@ async def complete(request: web.Request, turn: Turn) -> TurnResult:
 
 
 def session_headers(turn: Turn) -> dict[str, str] | None:
-    """``X-Session-Id``: the session that served the turn, named or found by its tokens
-    (``X-Session-Implicit: 1``); a client may name it from then on."""
+    """``X-SpecGate-Session``: the session that served the turn, named or found by its tokens
+    (``X-SpecGate-Session-Implicit: 1``); a client may name it from then on."""
     if turn.session is None:
         return None
     if turn.session.implicit:
-        return {"X-Session-Id": turn.session.id, "X-Session-Implicit": "1"}
-    return {"X-Session-Id": turn.session.id}
+        return {SESSION_HEADER: turn.session.id, IMPLICIT_HEADER: "1"}
+    return {SESSION_HEADER: turn.session.id}

@@ -75,10 +75,27 @@ def model_path(spec: ModelSpec, directory: Path | None = None) -> Path:
 
 
 def with_default_models(config: EngineConfig) -> EngineConfig:
-    """``config`` with an empty target or speculator set to the fetched default pair:
-    the one place default model paths are resolved."""
-    return override(config, target=config.target or str(model_path(TARGET)),
-                    speculator=config.speculator or str(model_path(SPECULATOR)))
+    """``config`` with an empty target or speculator set to the fetched default pair, and an
+    ``n_ctx`` of 0 set to the target's trained context: the one place defaults that depend on
+    the model files are resolved."""
+    config = override(config, target=config.target or str(model_path(TARGET)),
+                      speculator=config.speculator or str(model_path(SPECULATOR)))
+    if config.n_ctx == 0:
+        config = override(config, n_ctx=trained_context(config.target))
+    return config
+
+
+def trained_context(path: str | Path) -> int:
+    """The context length a GGUF model was trained for (``<arch>.context_length``)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(validate_gguf(path), "r")
+    arch = reader.fields["general.architecture"]
+    name = bytes(arch.parts[arch.data[0]]).decode()
+    field = reader.fields.get(f"{name}.context_length")
+    if field is None:
+        raise ModelFileError(f"{path} does not say its trained context ({name}.context_length): set --n-ctx")
+    return int(field.parts[field.data[0]][0])
 
 
 def sha256_of(path: Path) -> str:

@@ -28,7 +28,7 @@ def test_langchain_chat_openai_tool_loop():
     gw = start_gateway(real_model(model_files.TARGET), real_model(model_files.SPECULATOR))
     try:
         llm = ChatOpenAI(base_url=gw.base + "/v1", api_key="unused", model="specgate", temperature=0,
-                         max_tokens=64, max_retries=0, default_headers={"X-Session-Id": "langchain-run-1"})
+                         max_tokens=64, max_retries=0, default_headers={"X-SpecGate-Session": "langchain-run-1"})
         agent = llm.bind_tools([get_weather])
         messages = [HumanMessage("What's the weather in Oslo right now?")]
         first = agent.invoke(messages)

@@ -38,7 +38,7 @@ def cluster(tiny_target, tiny_speculator, tmp_path_factory):
 
 def turn(base: str, sid: str, history: list[dict], text: str, **extra) -> httpx.Response:
     history.append({"role": "user", "content": text})
-    r = httpx.post(base + "/v1/chat/completions", headers={"X-Session-Id": sid}, timeout=120,
+    r = httpx.post(base + "/v1/chat/completions", headers={"X-SpecGate-Session": sid}, timeout=120,
                    json={"messages": history, "max_tokens": 4, **extra})
     if r.status_code == 200:
         history.append(r.json()["choices"][0]["message"])
@@ -112,7 +112,7 @@ def test_a_conversation_naming_no_session_keeps_its_replica_and_its_kv(cluster):
         r = httpx.post(cluster.base + "/v1/chat/completions", timeout=120, json={"messages": history, "max_tokens": 4})
         assert r.status_code == 200, r.text
         history.append(r.json()["choices"][0]["message"])
-        served.append((replica(r), r.headers["X-Session-Id"]))
+        served.append((replica(r), r.headers["X-SpecGate-Session"]))
         usage = r.json()["usage"]
         prompts.append((usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]))
     assert len(set(served)) == 1 and served[0][1].startswith("conv-")
@@ -162,7 +162,7 @@ def test_rolling_restart_drains_a_replica_and_its_sessions_continue(cluster, ses
     victim = 1
     mine = [(sid, h) for sid, (h, rep) in sessions.items() if rep == f"r{victim}"]
     sid, history = mine[0]
-    with httpx.stream("POST", cluster.base + "/v1/chat/completions", headers={"X-Session-Id": sid}, timeout=120,
+    with httpx.stream("POST", cluster.base + "/v1/chat/completions", headers={"X-SpecGate-Session": sid}, timeout=120,
                       json={"messages": [*history, {"role": "user", "content": "Count to 300."}],
                             "max_tokens": 300, "stream": True}) as resp:
         lines = resp.iter_lines()
@@ -184,7 +184,7 @@ def test_owner_killed_while_a_streamed_turn_is_proxied_to_it(cluster):
     an in-band ``owner_lost`` error and ``[DONE]``; the retry is served by r1, rebuilt."""
     history = owned_by(cluster, 2, "px-stream")
     events = []
-    with httpx.stream("POST", cluster.url(1) + "/v1/chat/completions", headers={"X-Session-Id": "px-stream"},
+    with httpx.stream("POST", cluster.url(1) + "/v1/chat/completions", headers={"X-SpecGate-Session": "px-stream"},
                       timeout=120, json={"messages": [*history, {"role": "user", "content": "Count to 300."}],
                                          "max_tokens": 300, "stream": True}) as resp:
         assert resp.status_code == 200 and replica(resp) == "r2"
@@ -208,7 +208,7 @@ def test_owner_killed_while_a_whole_turn_is_proxied_to_it(cluster):
     history.append({"role": "user", "content": "Count to 300."})
     out: list[httpx.Response] = []
     th = threading.Thread(target=lambda: out.append(httpx.post(
-        cluster.url(1) + "/v1/chat/completions", headers={"X-Session-Id": "px-whole"}, timeout=120,
+        cluster.url(1) + "/v1/chat/completions", headers={"X-SpecGate-Session": "px-whole"}, timeout=120,
         json={"messages": history, "max_tokens": 300})))
     th.start()
     wait_running(cluster.url(2))

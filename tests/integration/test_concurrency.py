@@ -26,7 +26,7 @@ def gw(tiny_target, tiny_speculator):
 
 def stream_times(base: str, sid: str, out: dict[str, list[float]], max_tokens: int = 40) -> None:
     times: list[float] = []
-    with httpx.stream("POST", base + "/v1/chat/completions", headers={"X-Session-Id": sid}, timeout=300,
+    with httpx.stream("POST", base + "/v1/chat/completions", headers={"X-SpecGate-Session": sid}, timeout=300,
                       json={"messages": COUNT, "max_tokens": max_tokens, "stream": True}) as resp:
         for line in resp.iter_lines():
             if '"content"' in line and '"role"' not in line:
@@ -62,7 +62,7 @@ def test_three_sessions_stream_at_the_same_time_in_shared_batches(gw):
 
 
 def test_a_client_that_leaves_frees_its_slot(gw):
-    with httpx.stream("POST", gw.base + "/v1/chat/completions", headers={"X-Session-Id": "leaver"}, timeout=60,
+    with httpx.stream("POST", gw.base + "/v1/chat/completions", headers={"X-SpecGate-Session": "leaver"}, timeout=60,
                       json={"messages": COUNT, "max_tokens": 400, "stream": True}) as resp:
         for line in resp.iter_lines():
             if '"content"' in line and '"role"' not in line:
@@ -78,12 +78,12 @@ def test_a_client_that_leaves_frees_its_slot(gw):
 def test_a_session_deleted_while_resident_comes_back_empty(gw):
     first = [{"role": "user", "content": "Remember the word pelican. Say ok."}]
     later = [{"role": "user", "content": "Name a colour."}]
-    r = httpx.post(gw.base + "/v1/chat/completions", headers={"X-Session-Id": "phoenix"}, timeout=60,
+    r = httpx.post(gw.base + "/v1/chat/completions", headers={"X-SpecGate-Session": "phoenix"}, timeout=60,
                    json={"messages": first, "max_tokens": 8})
     assert r.status_code == 200
     assert httpx.get(gw.base + "/v1/sessions/phoenix").json()["kv"] == "resident"
     assert httpx.delete(gw.base + "/v1/sessions/phoenix").json()["deleted"] is True
-    again = httpx.post(gw.base + "/v1/chat/completions", headers={"X-Session-Id": "phoenix"}, timeout=60,
+    again = httpx.post(gw.base + "/v1/chat/completions", headers={"X-SpecGate-Session": "phoenix"}, timeout=60,
                        json={"messages": later, "max_tokens": 8}).json()
     fresh = httpx.post(gw.base + "/v1/chat/completions", timeout=60, json={"messages": later, "max_tokens": 8}).json()
     assert again["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
@@ -94,12 +94,12 @@ def test_a_session_deleted_while_resident_comes_back_empty(gw):
 
 def test_a_fifth_session_parks_the_least_recently_used_one(gw):
     for i in range(5):
-        r = httpx.post(gw.base + "/v1/chat/completions", headers={"X-Session-Id": f"lru-{i}"}, timeout=60,
+        r = httpx.post(gw.base + "/v1/chat/completions", headers={"X-SpecGate-Session": f"lru-{i}"}, timeout=60,
                        json={"messages": [{"role": "user", "content": f"Say {i}."}], "max_tokens": 2})
         assert r.status_code == 200
     where = [httpx.get(f"{gw.base}/v1/sessions/lru-{i}").json()["kv"] for i in range(5)]
     assert where[0] == "ram" and where[1:] == ["resident"] * 4
-    again = httpx.post(gw.base + "/v1/chat/completions", headers={"X-Session-Id": "lru-0"}, timeout=60,
+    again = httpx.post(gw.base + "/v1/chat/completions", headers={"X-SpecGate-Session": "lru-0"}, timeout=60,
                        json={"messages": [{"role": "user", "content": "Say 0."}], "max_tokens": 2}).json()
     assert again["timings"]["cache_n"] > 0 and not again["timings"]["kv_rebuilt"]  # restored from RAM
 
@@ -107,7 +107,7 @@ def test_a_fifth_session_parks_the_least_recently_used_one(gw):
 def test_a_session_deleted_while_parked_frees_its_kv_and_comes_back_empty(gw):
     for i in range(5):  # park-0 ends up parked in RAM behind the other four
         say = [{"role": "user", "content": f"Remember the number {i}. Say ok."}]
-        assert httpx.post(gw.base + "/v1/chat/completions", headers={"X-Session-Id": f"park-{i}"}, timeout=60,
+        assert httpx.post(gw.base + "/v1/chat/completions", headers={"X-SpecGate-Session": f"park-{i}"}, timeout=60,
                           json={"messages": say, "max_tokens": 2}).status_code == 200
     assert httpx.get(gw.base + "/v1/sessions/park-0").json()["kv"] == "ram"
     parked = metric(gw.base, "specgate_kv_bytes_ram")
@@ -117,7 +117,7 @@ def test_a_session_deleted_while_parked_frees_its_kv_and_comes_back_empty(gw):
     while metric(gw.base, "specgate_kv_bytes_ram") == parked and time.monotonic() < deadline:
         time.sleep(0.05)
     assert metric(gw.base, "specgate_kv_bytes_ram") < parked
-    again = httpx.post(gw.base + "/v1/chat/completions", headers={"X-Session-Id": "park-0"}, timeout=60,
+    again = httpx.post(gw.base + "/v1/chat/completions", headers={"X-SpecGate-Session": "park-0"}, timeout=60,
                        json={"messages": [{"role": "user", "content": "Remember the number 0. Say ok."}],
                              "max_tokens": 2}).json()
     assert again["timings"]["cache_n"] == 0 and not again["timings"]["kv_rebuilt"]
@@ -128,7 +128,7 @@ SYSTEM = ("You are the dispatcher of a harbour. Rules: answer in one short sente
 
 
 def harbour_turn(base: str, sid: str | None, question: str, key: str | None = None) -> dict:
-    headers = {"X-Session-Id": sid} if sid else {}
+    headers = {"X-SpecGate-Session": sid} if sid else {}
     if key:
         headers["Authorization"] = f"Bearer {key}"
     resp = httpx.post(base + "/v1/chat/completions", headers=headers, timeout=120, json={

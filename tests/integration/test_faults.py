@@ -25,7 +25,7 @@ def record(redis: RedisServer, sid: str) -> dict | None:
 
 
 def chat(base: str, sid: str | None, messages, **extra) -> httpx.Response:
-    headers = {"X-Session-Id": sid} if sid else {}
+    headers = {"X-SpecGate-Session": sid} if sid else {}
     return httpx.post(base + "/v1/chat/completions", headers=headers, timeout=120,
                       json={"messages": messages, "max_tokens": 6, **extra})
 
@@ -46,7 +46,7 @@ def test_sigterm_drains_a_streamed_turn_and_a_restart_resumes_every_session(smal
         http_history = [{"role": "user", "content": "My name is Ada."}, first["choices"][0]["message"]]
         assert httpx.post(srv.base + "/v1/sessions", json={"id": "ws-1"}).status_code == 201
         assert asyncio.run(ws_turn(srv.base, "ws-1", "My cat is called Tom."))["type"] == "done"
-        with httpx.stream("POST", srv.base + "/v1/chat/completions", headers={"X-Session-Id": "long-1"},
+        with httpx.stream("POST", srv.base + "/v1/chat/completions", headers={"X-SpecGate-Session": "long-1"},
                           timeout=600, json={"messages": STORY, "max_tokens": 120, "stream": True}) as resp:
             lines = resp.iter_lines()
             next(line for line in lines if '"content"' in line and '"role"' not in line)

@@ -57,7 +57,7 @@ def test_streamed_completion_ends_with_timings_usage_and_done(gateway):
 
 def test_session_turns_prefill_only_the_delta_and_mirror_to_redis(gateway, redis_server):
     sid = new_session(gateway)
-    c = client(gateway, default_headers={"X-Session-Id": sid})
+    c = client(gateway, default_headers={"X-SpecGate-Session": sid})
     msgs = [{"role": "system", "content": "You read logs."}, {"role": "user", "content": DOC + " Valve 3?"}]
     r1 = c.chat.completions.create(model="specgate", messages=msgs, max_tokens=5)
     t1 = r1.model_extra["timings"]
@@ -88,7 +88,7 @@ def test_an_unknown_session_id_is_created_on_first_use(gateway):
     """A client that has only the openai SDK names its session in a header and never calls
     POST /v1/sessions; with auto-creation off, the same request is a 404."""
     sid = "agent-run-7"
-    c = client(gateway, default_headers={"X-Session-Id": sid})
+    c = client(gateway, default_headers={"X-SpecGate-Session": sid})
     msgs = [{"role": "user", "content": DOC + " Valve 3?"}]
     first = c.chat.completions.create(model="specgate", messages=msgs, max_tokens=3)
     assert first.model_extra["session_id"] == sid and first.model_extra["timings"]["cache_n"] == 0
@@ -100,7 +100,7 @@ def test_an_unknown_session_id_is_created_on_first_use(gateway):
     runner = gateway.app[keys.RUNNER]
     runner.auto_create = False
     try:
-        status, code, _ = error_of(httpx.post(gateway.base + "/v1/chat/completions", headers={"X-Session-Id": "nope"},
+        status, code, _ = error_of(httpx.post(gateway.base + "/v1/chat/completions", headers={"X-SpecGate-Session": "nope"},
                                               json={"messages": [{"role": "user", "content": "x"}]}))
         assert (status, code) == (404, "session_not_found")
     finally:
@@ -122,7 +122,7 @@ def test_bad_input_gets_precise_errors(gateway):
     assert (status, code) == (400, "invalid_parameter") and "temperature" in msg
     status, code, msg = error_of(httpx.post(url, json={"messages": [{"role": "wizard", "content": "x"}]}))
     assert status == 400 and "role" in msg
-    status, code, msg = error_of(httpx.post(url, headers={"X-Session-Id": "../../tmp/x"},
+    status, code, msg = error_of(httpx.post(url, headers={"X-SpecGate-Session": "../../tmp/x"},
                                             json={"messages": [{"role": "user", "content": "x"}]}))
     assert (status, code) == (400, "invalid_request") and "session id" in msg
     status, code, msg = error_of(httpx.post(url, json={"messages": [{"role": "user", "content": "word " * 5000}]}))
@@ -140,7 +140,7 @@ def test_bad_input_gets_precise_errors(gateway):
 
 def test_over_long_prompt_leaves_the_session_intact(gateway):
     sid = new_session(gateway)
-    c = client(gateway, default_headers={"X-Session-Id": sid})
+    c = client(gateway, default_headers={"X-SpecGate-Session": sid})
     msgs = [{"role": "user", "content": "Remember: the key is 42."}]
     c.chat.completions.create(model="m", messages=msgs, max_tokens=2)
     with pytest.raises(openai.BadRequestError):
@@ -151,7 +151,7 @@ def test_over_long_prompt_leaves_the_session_intact(gateway):
 
 def test_disconnect_mid_stream_cancels_and_others_keep_working(gateway):
     sid = new_session(gateway)
-    with httpx.stream("POST", gateway.base + "/v1/chat/completions", headers={"X-Session-Id": sid},
+    with httpx.stream("POST", gateway.base + "/v1/chat/completions", headers={"X-SpecGate-Session": sid},
                       json={"messages": [{"role": "user", "content": "Count to a thousand."}],
                             "max_tokens": 400, "stream": True}) as resp:
         for line in resp.iter_lines():
@@ -164,7 +164,7 @@ def test_disconnect_mid_stream_cancels_and_others_keep_working(gateway):
     assert other.usage.completion_tokens == 2
     view = httpx.get(f"{gateway.base}/v1/sessions/{sid}").json()
     assert view["turns"] == 1 and view["completion_tokens"] < 400  # generation stopped early
-    again = client(gateway, default_headers={"X-Session-Id": sid}).chat.completions.create(
+    again = client(gateway, default_headers={"X-SpecGate-Session": sid}).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Count to a thousand."}], max_tokens=2)
     assert again.model_extra["timings"]["cache_n"] > 0
 
@@ -210,7 +210,7 @@ def test_a_replayed_request_replaces_its_orphaned_first_copy(gateway):
     the first copy died), so the first copy is cancelled and the replay is served."""
     sid = new_session(gateway)
     body = {"messages": [{"role": "user", "content": "Count to 300."}], "max_tokens": 300, "stream": True}
-    headers = {"X-Session-Id": sid, "X-Request-Id": "req-replayed-1"}
+    headers = {"X-SpecGate-Session": sid, "X-Request-Id": "req-replayed-1"}
     with httpx.stream("POST", gateway.base + "/v1/chat/completions", headers=headers, json=body,
                       timeout=120) as first:
         lines = first.iter_lines()

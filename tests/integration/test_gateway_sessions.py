@@ -36,7 +36,7 @@ def new_session(gw) -> str:
 
 
 def chat(gw, messages, session=None, **extra):
-    headers = {"X-Session-Id": session} if session else {}
+    headers = {"X-SpecGate-Session": session} if session else {}
     r = httpx.post(gw.base + "/v1/chat/completions", headers=headers, timeout=120,
                    json={"messages": messages, "max_tokens": 8, "specprefill": KEEP_ALL, **extra})
     assert r.status_code == 200, r.text
@@ -166,7 +166,7 @@ def test_redis_outage_keeps_turns_working_and_the_store_converges(small_model):
         assert chat(gw, [{"role": "user", "content": "Stateless still works."}])["usage"]["completion_tokens"]
         with pytest.raises(openai.APIStatusError):
             openai.OpenAI(base_url=gw.base + "/v1", api_key="x", max_retries=0).chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "x"}], extra_headers={"X-Session-Id": "sess-x"})
+                model="m", messages=[{"role": "user", "content": "x"}], extra_headers={"X-SpecGate-Session": "sess-x"})
         back = RedisServer(port=redis.port)  # the same address comes back, empty
         assert gw.call(gw.app[keys.WRITER].flush(15))
         record = orjson.loads(back.client.get(f"specgate:session:anonymous:{sid}"))
@@ -200,7 +200,7 @@ def test_specattn_in_a_session_reports_its_timings_and_matches_plain(smol_gatewa
     first = new_session(smol_gateway)
     streamed = httpx.post(smol_gateway.base + "/v1/chat/completions", timeout=120, json={
         "messages": follow, "max_tokens": 12, "stream": True, "speculative": True, "specprefill": KEEP_ALL},
-        headers={"X-Session-Id": first})
+        headers={"X-SpecGate-Session": first})
     assert httpx.delete(f"{smol_gateway.base}/v1/sessions/{first}").status_code in (200, 204)
     pieces = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: {")]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in map(orjson.loads, pieces) if c["choices"])

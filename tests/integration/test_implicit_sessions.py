@@ -70,12 +70,12 @@ def metric(gw, name: str) -> float:
 def test_a_resent_history_continues_its_conversation_turn_after_turn(gw):
     tag = f"a{uuid.uuid4().hex[:6]}"
     r1, h = turn(gw, start(tag), "Go on.")
-    sid = r1.headers["X-Session-Id"]
-    assert sid.startswith("conv-") and r1.headers["X-Session-Implicit"] == "1"
+    sid = r1.headers["X-SpecGate-Session"]
+    assert sid.startswith("conv-") and r1.headers["X-SpecGate-Session-Implicit"] == "1"
     hits = metric(gw, "specgate_implicit_hits_total")
     r2, h = turn(gw, h, "And pump 2?")
     r3, h = turn(gw, h, "And pump 3?")
-    assert r2.headers["X-Session-Id"] == r3.headers["X-Session-Id"] == sid
+    assert r2.headers["X-SpecGate-Session"] == r3.headers["X-SpecGate-Session"] == sid
     assert cached(r2) >= prompt(r1) and cached(r3) >= prompt(r2)  # each turn reused all of the last prompt
     assert metric(gw, "specgate_implicit_hits_total") == hits + 2
     meta = httpx.get(f"{gw.base}/v1/sessions/{sid}", headers=ALICE).json()
@@ -86,15 +86,15 @@ def test_a_branch_forks_and_leaves_the_original_intact(gw):
     tag = f"b{uuid.uuid4().hex[:6]}"
     r1, h1 = turn(gw, start(tag), "Go on.")
     r2, h2 = turn(gw, h1, "And pump 2?")
-    original = r1.headers["X-Session-Id"]
-    assert r2.headers["X-Session-Id"] == original
+    original = r1.headers["X-SpecGate-Session"]
+    assert r2.headers["X-SpecGate-Session"] == original
     rb, hb = turn(gw, h1, "Which pump ran least?")  # the same history up to r1, then another question
-    branch = rb.headers["X-Session-Id"]
+    branch = rb.headers["X-SpecGate-Session"]
     assert branch != original
     r3, h3 = turn(gw, h2, "And pump 3?")  # the original goes on where it was
-    assert r3.headers["X-Session-Id"] == original and cached(r3) >= prompt(r2)
+    assert r3.headers["X-SpecGate-Session"] == original and cached(r3) >= prompt(r2)
     rb2, _ = turn(gw, hb, "Why?")
-    assert rb2.headers["X-Session-Id"] == branch and cached(rb2) >= prompt(rb)
+    assert rb2.headers["X-SpecGate-Session"] == branch and cached(rb2) >= prompt(rb)
     assert httpx.get(f"{gw.base}/v1/sessions/{original}", headers=ALICE).json()["messages"] == len(h3)
 
 
@@ -102,19 +102,19 @@ def test_another_key_never_reuses_a_conversation(gw):
     tag = f"c{uuid.uuid4().hex[:6]}"
     r1, h = turn(gw, start(tag), "Go on.")
     rb, _ = turn(gw, h, "And pump 2?", headers=BOB)  # Bob sends Alice's exact conversation
-    assert rb.headers["X-Session-Id"] != r1.headers["X-Session-Id"] and cached(rb) == 0
-    assert httpx.get(f"{gw.base}/v1/sessions/{r1.headers['X-Session-Id']}", headers=BOB).status_code == 404
+    assert rb.headers["X-SpecGate-Session"] != r1.headers["X-SpecGate-Session"] and cached(rb) == 0
+    assert httpx.get(f"{gw.base}/v1/sessions/{r1.headers['X-SpecGate-Session']}", headers=BOB).status_code == 404
 
 
 def test_a_spilled_conversation_is_found_again(gw):
     """One slot and no RAM budget: a second conversation spills the first one's KV to disk."""
     r1, h = turn(gw, start(f"d{uuid.uuid4().hex[:6]}"), "Go on.")
     other = send(gw, [*start(f"e{uuid.uuid4().hex[:6]}"), {"role": "user", "content": "Go on."}])
-    assert other.headers["X-Session-Id"] != r1.headers["X-Session-Id"]
-    meta = httpx.get(f"{gw.base}/v1/sessions/{r1.headers['X-Session-Id']}", headers=ALICE).json()
+    assert other.headers["X-SpecGate-Session"] != r1.headers["X-SpecGate-Session"]
+    meta = httpx.get(f"{gw.base}/v1/sessions/{r1.headers['X-SpecGate-Session']}", headers=ALICE).json()
     assert meta["kv"] == "disk"
     r2, _ = turn(gw, h, "And pump 2?")
-    assert r2.headers["X-Session-Id"] == r1.headers["X-Session-Id"] and cached(r2) >= prompt(r1)
+    assert r2.headers["X-SpecGate-Session"] == r1.headers["X-SpecGate-Session"] and cached(r2) >= prompt(r1)
 
 
 def test_a_flood_evicts_implicit_sessions_first_and_never_fails(gw):
@@ -122,16 +122,16 @@ def test_a_flood_evicts_implicit_sessions_first_and_never_fails(gw):
     sessions, never of a named one, and with no room left run without a session."""
     named = [f"named-{uuid.uuid4().hex[:6]}" for _ in range(2)]
     for sid in named:
-        send(gw, [{"role": "user", "content": "Hi."}], headers={**BOB, "X-Session-Id": sid})
+        send(gw, [{"role": "user", "content": "Hi."}], headers={**BOB, "X-SpecGate-Session": sid})
     seen = [send(gw, [*start(f"f{i}{uuid.uuid4().hex[:6]}"), {"role": "user", "content": "Go on."}],
-                 headers=BOB).headers["X-Session-Id"] for i in range(3)]
+                 headers=BOB).headers["X-SpecGate-Session"] for i in range(3)]
     assert len(set(seen)) == 3
     status = [httpx.get(f"{gw.base}/v1/sessions/{sid}", headers=BOB).status_code for sid in [*named, *seen]]
     assert status == [200, 200, 404, 404, 200]  # the newest implicit one holds the key's last seat
     assert httpx.post(gw.base + "/v1/sessions", headers=BOB, json={}).status_code == 201  # a named one evicts it
     assert httpx.get(f"{gw.base}/v1/sessions/{seen[-1]}", headers=BOB).status_code == 404
     r = send(gw, [*start("g"), {"role": "user", "content": "Go on."}], headers=BOB)  # no room: served stateless
-    assert "X-Session-Id" not in r.headers and r.json()["choices"][0]["message"]["role"] == "assistant"
+    assert "X-SpecGate-Session" not in r.headers and r.json()["choices"][0]["message"]["role"] == "assistant"
 
 
 def test_a_cache_key_narrows_which_conversation_continues(gw):
@@ -141,9 +141,9 @@ def test_a_cache_key_narrows_which_conversation_continues(gw):
     r1 = send(gw, history, prompt_cache_key="agent-1")
     follow = [*history, r1.json()["choices"][0]["message"], {"role": "user", "content": "And pump 2?"}]
     other = send(gw, follow, prompt_cache_key="agent-2")
-    assert other.headers["X-Session-Id"] != r1.headers["X-Session-Id"]
+    assert other.headers["X-SpecGate-Session"] != r1.headers["X-SpecGate-Session"]
     mine = send(gw, follow, prompt_cache_key="agent-1")
-    assert mine.headers["X-Session-Id"] == r1.headers["X-Session-Id"] and cached(mine) >= prompt(r1)
+    assert mine.headers["X-SpecGate-Session"] == r1.headers["X-SpecGate-Session"] and cached(mine) >= prompt(r1)
     bad = httpx.post(gw.base + "/v1/chat/completions", headers=ALICE, timeout=30,
                      json={"messages": history, "max_tokens": 2, "prompt_cache_key": 7})
     assert bad.status_code == 400 and "prompt_cache_key" in bad.json()["error"]["message"]

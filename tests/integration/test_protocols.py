@@ -94,7 +94,7 @@ def test_anthropic_key_by_either_header_and_errors_in_anthropic_shape(gw):
 
 
 def test_anthropic_session_header_reuses_the_conversation(gw):
-    client = anthropic_client(gw, api_key=KEYS[0], default_headers={"X-Session-Id": "anth-1"})
+    client = anthropic_client(gw, api_key=KEYS[0], default_headers={"X-SpecGate-Session": "anth-1"})
     history = list(ROUND_TRIP)
     first = client.messages.create(model="m", max_tokens=4, messages=history, tools=A_TOOLS)
     history += [{"role": "assistant", "content": [b.model_dump(include={"type", "text", "id", "name", "input"})

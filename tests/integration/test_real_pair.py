@@ -133,7 +133,7 @@ def test_agent_turn_with_a_long_tool_result_runs_active_and_the_next_call_parses
         client = openai.OpenAI(base_url=gw.base + "/v1", api_key="unused", max_retries=0)
         reply = client.chat.completions.create(model="specgate", messages=messages, tools=AGENT_TOOLS,
                                                max_tokens=48, temperature=0,
-                                               extra_headers={"X-Session-Id": "agent-e2e"})
+                                               extra_headers={"X-SpecGate-Session": "agent-e2e"})
         t = reply.model_extra["timings"]
         assert t["specprefill"] == "active" and t["prompt_n"] < 0.7 * t["context_n"], t
         assert "tool definitions" in t["specprefill_reason"]

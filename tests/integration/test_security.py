@@ -36,7 +36,7 @@ def gw(tiny_target, tiny_speculator, redis_server, spill_dir):
 
 
 def chat(gw, headers, session=None, messages=ONE, **extra) -> httpx.Response:
-    h = {**headers, **({"X-Session-Id": session} if session else {})}
+    h = {**headers, **({"X-SpecGate-Session": session} if session else {})}
     return httpx.post(gw.base + "/v1/chat/completions", headers=h, timeout=120,
                       json={"messages": messages, "max_tokens": 4, **extra})
 
@@ -179,7 +179,7 @@ def test_session_cap_per_key_answers_429(gw):
 
 
 def _stream(gw, sid, max_tokens=400):
-    return httpx.stream("POST", gw.base + "/v1/chat/completions", headers={**ALICE, "X-Session-Id": sid},
+    return httpx.stream("POST", gw.base + "/v1/chat/completions", headers={**ALICE, "X-SpecGate-Session": sid},
                         timeout=120, json={"messages": [{"role": "user", "content": "Count to a thousand."}],
                                            "max_tokens": max_tokens, "stream": True, "specprefill": False})
 

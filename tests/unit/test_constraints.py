@@ -130,5 +130,8 @@ def test_the_developer_role_is_a_system_message_and_text_parts_join():
     assert messages.parse_message({"role": "developer", "content": "Be terse."}, 0)["role"] == "system"
     assert messages.join_text([{"type": "input_text", "text": "a"}, {"type": "refusal", "refusal": "b"}], "c",
                               ("input_text", "refusal")) == "ab"
-    with pytest.raises(InvalidRequest, match="'input_image' parts are not supported"):
-        messages.join_text([{"type": "input_image"}], "c", ("input_text",))
+    # a part no text model reads is a placeholder, never a refusal (an agent's tool may return a screenshot)
+    assert messages.join_text([{"type": "input_text", "text": "see: "}, {"type": "input_image"}], "c",
+                              ("input_text",)) == "see: [input_image omitted: this server's models read text only]"
+    with pytest.raises(InvalidRequest, match="'audio' parts are not supported"):
+        messages.join_text([{"type": "audio"}], "c", ("input_text",))

@@ -33,7 +33,7 @@ def parse(**body):
     ({"specprefill": {"min_tokens": 0}}, "cannot be set per request"),
     ({"specprefill": {"mass": "high"}}, "must be a number"),
     ({"n": True}, "'n' must be an integer"),
-    ({"max_tokens": 10**9}, "at most 4096"),
+    ({"max_tokens": 0}, "'max_tokens' must be >= 1"),
     ({"model": 5}, "'model' must be a string"),
     ({"tool_choice": 3}, "tool_choice"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": "x"}]}, "tool_calls must be a list"),
