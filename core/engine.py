@@ -11,6 +11,7 @@ worker thread (core.runtime.worker), never from the event loop.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -144,6 +145,17 @@ class Engine:
         if n > limit:
             raise PromptTooLong(n, limit)
 
+    def _ceiling(self, params: TurnParams, n: int, t: Timings) -> TurnParams:
+        """``max_tokens`` is a ceiling, never a refusal: clamped to what the context leaves
+        after the prompt (and, by the gateway, to the cap); the timings say when it was."""
+        sampling = params.sampling
+        ceiling = min(sampling.max_tokens, self.target_ctx.n_ctx - n)
+        asked = max(sampling.max_tokens_asked, sampling.max_tokens)
+        t.max_tokens, t.max_tokens_asked = ceiling, asked if asked > ceiling else 0
+        if ceiling == sampling.max_tokens:
+            return params
+        return dataclasses.replace(params, sampling=dataclasses.replace(sampling, max_tokens=ceiling))
+
     def _calls(self, n: int) -> int:
         """llama_decode calls a prefill of ``n`` tokens takes."""
         return max(1, -(-n // self.config.n_batch))
@@ -222,6 +234,7 @@ class Engine:
         delta = tokens[q:]
         t = Timings(position_mode=policy.position_mode, context_n=n, cache_n=q,
                     speculator_cache_n=p)
+        params = self._ceiling(params, n, t)
         sync = self.spec.plan_sync(kv, tokens[:-1])  # decided once: the plan and the scoring agree
         decision = self.plan(prompt, policy, kv, sync=sync)
         t.specprefill, t.specprefill_reason = decision.status.value, decision.reason

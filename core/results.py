@@ -76,6 +76,8 @@ class Timings:
     constraint_fallback: str = ""  # the decode mode asked for, when a constraint made it decode plainly
     draft_sync_ms: float = 0.0  # bringing the draft up to the prompt before speculating
     speculative: SpeculativeStats = field(default_factory=SpeculativeStats)
+    max_tokens: int = 0  # the reply's ceiling: the request's max_tokens, clamped to the cap and the context left
+    max_tokens_asked: int = 0  # what the request asked for, when it was clamped (0: it was not)
 
     @property
     def new_n(self) -> int:
@@ -103,8 +105,10 @@ class Timings:
             "predicted_ms": round(self.predicted_ms, 2),
             "predicted_per_second": _per_second(self.predicted_n, self.predicted_ms),
             "kv_rebuilt": self.kv_rebuilt, "prefix_shared_n": self.prefix_shared_n,
-            "prefix_built_n": self.prefix_built_n, "decode_mode": self.decode_mode,
+            "prefix_built_n": self.prefix_built_n, "decode_mode": self.decode_mode, "max_tokens": self.max_tokens,
         }
+        if self.max_tokens_asked:
+            out["max_tokens_asked"] = self.max_tokens_asked
         if self.constraint:
             out.update({"constraint": self.constraint, "grammar_ms": round(self.grammar_ms, 2),
                         "mask_ms": round(self.mask_ms, 2)})

@@ -291,5 +291,8 @@ class MessageEncoder:
                 self._event("message_stop")]
         return out
 
+    def keepalive(self) -> list[bytes]:
+        return [self._event("ping")]
+
     def error(self, exc: BaseException) -> list[bytes]:
         return [sse.frame(anthropic_body(exc)[1], event="error")]

@@ -23,7 +23,17 @@ from aiohttp import WSCloseCode, web
 
 from core.policies import TurnParams
 from core.runtime.worker import ModelState, ModelWorker
-from gateway import anthropic_messages, auth, http_api, keys, openai_chat, openai_responses, openapi, ws_api
+from gateway import (
+    anthropic_messages,
+    auth,
+    client_hints,
+    http_api,
+    keys,
+    openai_chat,
+    openai_responses,
+    openapi,
+    ws_api,
+)
 from gateway.error_responses import REJECTED, Handler, error_middleware
 from gateway.forward import route_to_owner, tag_replica
 from gateway.metrics import Metrics
@@ -43,7 +53,8 @@ log = structlog.get_logger("specgate.http")
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = request.headers.get("X-Request-Id") or f"req-{uuid.uuid4().hex[:12]}"
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(request_id=request_id[:64], session_id=request.headers.get("X-SpecGate-Session"))
+    structlog.contextvars.bind_contextvars(request_id=request_id[:64],
+                                           session_id=request.headers.get(client_hints.SESSION_HEADER))
     t0 = time.perf_counter()
     response = await handler(request)
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"

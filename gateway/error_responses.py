@@ -8,7 +8,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from core.errors import OwnerLost, QueueFull, SpecGateError, Unauthorized
+from core.errors import OwnerLost, PromptTooLong, QueueFull, SpecGateError, Unauthorized
 
 log = structlog.get_logger("specgate.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -16,6 +16,11 @@ REJECTED: web.AppKey[Callable[[str], None]] = web.AppKey("on_rejected")  # count
 
 
 def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    if isinstance(exc, PromptTooLong):  # OpenAI's words and code, which clients (Codex) act on
+        return 400, {"error": {"message": f"This model's maximum context length is {exc.n_ctx} tokens. However, "
+                                          f"your messages resulted in {exc.n_tokens} tokens. Please reduce the "
+                                          "length of the messages.", "type": "invalid_request_error",
+                               "param": "messages", "code": exc.code}}
     if isinstance(exc, SpecGateError):
         status, code, message = exc.status, exc.code, str(exc)
     elif isinstance(exc, web.HTTPRequestEntityTooLarge):
@@ -38,8 +43,10 @@ def anthropic_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
     (SpecGate's own ``code`` rides along)."""
     status, body = error_body(exc)
     kind = ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-    return status, {"type": "error", "error": {"type": kind, "message": body["error"]["message"],
-                                               "code": body["error"]["code"]}}
+    message = body["error"]["message"]
+    if isinstance(exc, PromptTooLong):  # Anthropic's words: Claude Code offers /compact on them
+        message = f"prompt is too long: {exc.n_tokens} tokens > {exc.n_ctx} maximum"
+    return status, {"type": "error", "error": {"type": kind, "message": message, "code": body["error"]["code"]}}
 
 
 def ws_error(exc: BaseException) -> dict[str, Any]:

@@ -32,7 +32,7 @@ def _content(value: Any, where: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, list):
-        parts = []
+        parts: list[str | None] = []
         for i, part in enumerate(value):
             if isinstance(part, dict) and part.get("type") in UNREADABLE:
                 parts.append(placeholder(part["type"]))

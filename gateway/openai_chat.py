@@ -55,5 +55,8 @@ class ChunkEncoder:
         return [*(sse.frame(c) for c in final_chunks(self.req_id, self.model, result, self.session_id,
                                                      self.include_usage)), sse.frame("[DONE]")]
 
+    def keepalive(self) -> list[bytes]:
+        return [sse.COMMENT]
+
     def error(self, exc: BaseException) -> list[bytes]:
         return [sse.frame(error_body(exc)[1]), sse.frame("[DONE]")]

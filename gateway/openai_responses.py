@@ -384,6 +384,9 @@ class ResponseEncoder:
         # and openai-agents clients take their final response only from that event
         return [*out, self._event("response.completed", response=response)]
 
+    def keepalive(self) -> list[bytes]:
+        return [sse.COMMENT]
+
     def error(self, exc: BaseException) -> list[bytes]:
         status, body = error_body(exc)
         failed = {**self.b.shell("failed"), "error": {"code": body["error"]["code"],

@@ -3,13 +3,16 @@
 A protocol supplies an :class:`Encoder` that turns the turn's moments -- start,
 each text piece, the finished :class:`~gateway.protocol.TurnResult`, or a
 failure after the headers went out -- into its own SSE frames.  The loop
-owns what is the same everywhere: the headers, writing, and a client that
-goes away (counted, logged, and the turn stopped at its next token).
+owns what is the same everywhere: the headers, writing, a keepalive whenever the
+stream has been quiet for ``keepalive_s`` (a prefill of a long prompt takes minutes
+on a CPU; proxies and clients cut idle streams), and a client that goes away
+(counted, logged, and the turn stopped at its next token).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, Protocol
 
 import orjson
@@ -36,19 +39,38 @@ class Encoder(Protocol):
     def text(self, piece: str) -> list[bytes]: ...
     def finish(self, result: TurnResult) -> list[bytes]: ...
     def error(self, exc: BaseException) -> list[bytes]: ...
+    def keepalive(self) -> list[bytes]: ...  # Anthropic's ping event; an SSE comment elsewhere
+
+
+COMMENT = b": keepalive\n\n"  # an SSE comment: every client's parser skips it
 
 
 async def stream(request: web.Request, turn: Turn, encoder: Encoder,
                  headers: dict[str, str] | None = None) -> web.StreamResponse:
     resp = web.StreamResponse(headers={**HEADERS, **(headers or {})})
+    lock = asyncio.Lock()  # the keepalive task writes too: whole frames, one writer at a time
+    loop = asyncio.get_running_loop()
+    last = loop.time()
 
     async def send(frames: list[bytes]) -> None:
+        nonlocal last
         if frames:
-            await resp.write(b"".join(frames))
+            async with lock:
+                await resp.write(b"".join(frames))
+                last = loop.time()
 
+    async def keepalive(every: float) -> None:
+        with contextlib.suppress(ConnectionError):  # the client left: the main loop sees it too
+            while True:
+                await asyncio.sleep(max(0.0, last + every - loop.time()))
+                if loop.time() - last >= every:
+                    await send(encoder.keepalive())
+
+    pinger: asyncio.Task[None] | None = None
     try:
         await resp.prepare(request)
         await send(encoder.start())
+        pinger = asyncio.create_task(keepalive(request.app[keys.CONFIG].gateway.keepalive_s))
         async for piece in turn.pieces():
             await send(encoder.text(piece))
         try:
@@ -66,5 +88,7 @@ async def stream(request: web.Request, turn: Turn, encoder: Encoder,
         if isinstance(exc, asyncio.CancelledError):
             raise
     finally:
+        if pinger is not None:
+            pinger.cancel()
         turn.abandon()
     return resp

@@ -14,7 +14,7 @@ from gateway import keys
 from gateway.auth import OWNER
 from gateway.client_hints import IMPLICIT_HEADER, SESSION_HEADER
 from gateway.protocol import ChatRequest, TurnResult
-from gateway.turns import Turn
+from gateway.turns import Turn, down
 from sessions.manager import Session
 
 log = structlog.get_logger("specgate.http")
@@ -31,8 +31,10 @@ async def begin(request: web.Request, req: ChatRequest, session: Session | None 
         session = await runner.session_for(request[OWNER], req.session_id)
     elif session is None:
         session, prompt = await runner.conversation_for(request[OWNER], req, keep)
+    if prompt is None:  # rendered and checked now: a prompt over the context is a 400 before any byte of stream
+        prompt = await request.app[keys.MANAGER].render(down(req, request[OWNER]))
     log.info("request_start", stream=req.stream, n_messages=len(req.messages), tools=bool(req.tools),
-             path=request.path, implicit=session is not None and session.implicit)
+             path=request.path, implicit=session is not None and session.implicit, prompt_n=len(prompt))
     request_id = request.headers.get("X-Request-Id")
     try:
         return runner.start(req, session, request[OWNER], request_id, prompt)

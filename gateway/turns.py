@@ -87,7 +87,7 @@ class TurnRunner:
         idle now, and the claim must see it so."""
         if not self.implicit:
             return (await self.manager.start_implicit(owner, True) if required else None), None
-        prompt = await self.manager.worker.call(down(request, owner).render)
+        prompt = await self.manager.render(down(request, owner))
         session = self.manager.continuing(owner, prompt.tokens, request.hint)
         if session is None:
             session = await self.manager.start_implicit(owner, required, request.hint)
@@ -137,6 +137,8 @@ class TurnRunner:
                 self.manager.release(turn.session)
         result = protocol.turn_result(outcome.result, turn.request.tools)
         self._record(turn, result)
+        if result.timings.max_tokens_asked:
+            log.info("max_tokens_clamped", asked=result.timings.max_tokens_asked, ceiling=result.timings.max_tokens)
         log.info("turn_done", finish=result.finish_reason, evicted=len(outcome.evicted),
                  wall_ms=round((time.perf_counter() - t0) * 1e3, 1), **result.timings.to_json())
         return result
@@ -161,8 +163,6 @@ class TurnRunner:
         if late:
             await asyncio.wait(late, timeout=10)
         return len(late)
-
-
 
 
 def down(request: ChatRequest, owner: str, **how: Any) -> TurnRequest:

@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -34,6 +35,7 @@ from core.errors import (
     SessionNotFound,
     StoreUnavailable,
 )
+from core.prompt import Prompt
 from core.runtime.worker import ModelWorker
 from core.session_kv import common_prefix
 from core.turn_request import TurnRequest
@@ -48,6 +50,9 @@ from sessions.residency import Residency, TurnOutcome
 from sessions.session import IMPLICIT_PREFIX, KVLocation, Session, SessionState
 from sessions.slots import SlotTable
 from sessions.store_writer import StoreWriter
+
+if TYPE_CHECKING:
+    from core.engine import Engine
 
 __all__ = ["IMPLICIT_PREFIX", "Session", "SessionManager", "SessionState", "TurnOutcome"]
 log = structlog.get_logger("specgate.sessions")
@@ -295,6 +300,16 @@ class SessionManager:
             session.state = SessionState.IDLE
         session.cancel = None
         session.request_id = None
+
+    async def render(self, work: TurnRequest) -> Prompt:
+        """The turn's prompt, rendered on the model thread and checked against the context
+        (:class:`PromptTooLong`, :class:`EmptyPrompt`), so a request that cannot run is refused
+        before any response starts; the turn then runs this prompt (``work.prompt``)."""
+        def checked(engine: Engine) -> Prompt:
+            prompt = work.render(engine)
+            engine.check_prompt(prompt)
+            return prompt
+        return await self.worker.call(checked)
 
     async def run_turn(self, session: Session | None, work: TurnRequest) -> TurnOutcome:
         """Run ``work`` in ``session`` (which must have been :meth:`claim`-ed), or without one."""

@@ -29,15 +29,21 @@ while it waits (:class:`TurnCancelled`).
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from core.errors import TurnCancelled
 from core.llama.context import Context
 from core.runtime.chunk_budget import ChunkBudget
 from core.runtime.steps import Tokens, TurnSteps, Wait
+
+log = structlog.get_logger("specgate.prefill")
+PROGRESS_S = 10.0  # a long prefill logs where it is this often (tokens done, rate, time left)
 
 
 @dataclass(slots=True, eq=False)
@@ -51,6 +57,9 @@ class Job:
     done: int = 0  # tokens of ``request`` already decoded
     last_chunk: int = -1  # the step that last gave it a prefill chunk
     arrival: int = 0  # the order it joined the loop in
+    context: contextvars.Context | None = None  # the request's log context (its ids)
+    started: float = 0.0  # when ``request`` was made
+    reported: float = 0.0  # when its progress was last logged
 
     @property
     def remaining(self) -> int:
@@ -89,6 +98,7 @@ class StepLoop:
         return bool(self.jobs)
 
     def add(self, job: Job) -> None:
+        job.started = job.reported = time.perf_counter()
         self._arrivals += 1
         job.arrival = self._arrivals
         self.jobs.append(job)
@@ -155,6 +165,8 @@ class StepLoop:
         finished = []
         for (job, n), idx in zip(parts, last, strict=True):
             job.done += n
+            if job.remaining > 0 and n > 1:
+                self._progress(job)
             if job.remaining == 0:
                 finished.append((job, idx))
         # decoding turns sample first: a resumed turn may decode inline and overwrite the logits
@@ -173,6 +185,19 @@ class StepLoop:
             s.chunk_stalls += 1
             s.stall_tokens += chunk
 
+    @staticmethod
+    def _progress(job: Job) -> None:
+        """Log a long prefill's progress every :data:`PROGRESS_S` (ops see it move, not
+        minutes of silence between ``request_start`` and ``turn_done``)."""
+        now = time.perf_counter()
+        if now - job.reported < PROGRESS_S or not isinstance(job.request, Tokens):
+            return
+        job.reported = now
+        rate = job.done / max(now - job.started, 1e-9)
+        fields = {"model": job.request.seq.ctx.model.path.name, "done": job.done, "total": len(job.request.tokens),
+                  "tokens_per_s": round(rate, 1), "eta_s": round(job.remaining / rate, 1) if rate else None}
+        (job.context or contextvars.Context()).run(log.info, "prefill_progress", **fields)
+
     def _resume(self, job: Job, reply: int | None) -> None:
         job.request, job.done = None, 0
         try:
@@ -183,6 +208,7 @@ class StepLoop:
             self._finish(job, error=exc)
         else:
             job.request = request
+            job.started = job.reported = time.perf_counter()
 
     def _throw(self, job: Job, exc: BaseException) -> None:
         job.request, job.done = None, 0
@@ -194,6 +220,7 @@ class StepLoop:
             self._finish(job, error=err)
         else:
             job.request = request
+            job.started = job.reported = time.perf_counter()
 
     def _finish(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
         self.jobs.remove(job)

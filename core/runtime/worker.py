@@ -139,7 +139,7 @@ class ModelWorker:
                 fut.set_exception(exc)
                 continue
             if is_turn:
-                self._loop.add(Job(_in_context(ctx, value), fut, abort))
+                self._loop.add(Job(_in_context(ctx, value), fut, abort, context=ctx))
             else:
                 fut.set_result(value)
 

@@ -100,7 +100,8 @@ def test_an_unknown_session_id_is_created_on_first_use(gateway):
     runner = gateway.app[keys.RUNNER]
     runner.auto_create = False
     try:
-        status, code, _ = error_of(httpx.post(gateway.base + "/v1/chat/completions", headers={"X-SpecGate-Session": "nope"},
+        status, code, _ = error_of(httpx.post(gateway.base + "/v1/chat/completions",
+                                              headers={"X-SpecGate-Session": "nope"},
                                               json={"messages": [{"role": "user", "content": "x"}]}))
         assert (status, code) == (404, "session_not_found")
     finally:
