@@ -24,11 +24,12 @@ from aiohttp import web
 from core.config import DEFAULT_LIMITS, Limits
 from core.errors import InvalidRequest
 from core.policies import TurnParams
-from gateway import client_hints, keys, protocol, sse
+from gateway import client_hints, keys, protocol, sse, tool_calls
 from gateway import messages as wire
 from gateway.bodies import json_response, read_json
 from gateway.error_responses import anthropic_body
 from gateway.protocol import ChatRequest, TurnResult
+from gateway.tool_calls import CallArgs, CallStart
 from gateway.turn_http import begin, complete, session_headers
 
 log = structlog.get_logger("specgate.http")
@@ -243,13 +244,16 @@ def message(msg_id: str, model: str, result: TurnResult) -> dict[str, Any]:
 
 
 class MessageEncoder:
-    """``message_start``, a text block's deltas, one block per tool call (its input as one
-    ``input_json_delta``), ``message_delta`` with the stop reason, ``message_stop``."""
+    """``message_start``, a text block's deltas, one ``tool_use`` block per call (its input as
+    ``input_json_delta`` pieces while the model writes it), ``message_delta`` with the stop
+    reason, ``message_stop``."""
 
     def __init__(self, msg_id: str, model: str) -> None:
         self.msg_id, self.model = msg_id, model
         self.blocks = 0  # blocks opened so far
         self.text_open = False
+        self.calls: dict[int, list[Any]] = {}  # streamed call still open -> [its block index, input sent so far]
+        self.closed: set[int] = set()  # streamed calls whose blocks are stopped
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         return sse.frame({"type": kind, **fields}, event=kind)
@@ -273,18 +277,49 @@ class MessageEncoder:
                                delta={"type": "text_delta", "text": piece}))
         return out
 
+    def _close_text(self) -> list[bytes]:
+        if not self.text_open:
+            return []
+        self.text_open = False
+        return [self._event("content_block_stop", index=self.blocks - 1)]
+
+    def _open_call(self, call_id: str, name: str) -> tuple[int, bytes]:
+        i, self.blocks = self.blocks, self.blocks + 1
+        return i, self._event("content_block_start", index=i,
+                              content_block={"type": "tool_use", "id": call_id, "name": name, "input": {}})
+
+    def _input(self, block: int, partial: str) -> bytes:
+        return self._event("content_block_delta", index=block, delta={"type": "input_json_delta",
+                                                                      "partial_json": partial})
+
+    def call(self, piece: CallStart | CallArgs) -> list[bytes]:
+        if isinstance(piece, CallStart):
+            out = self._close_text()
+            for k in list(self.calls):  # blocks stream one after another: the call before this one is written
+                self.closed.add(k)
+                out.append(self._event("content_block_stop", index=self.calls.pop(k)[0]))
+            block, start = self._open_call(piece.id, piece.name)
+            self.calls[piece.index] = [block, ""]
+            return [*out, start]
+        entry = self.calls[piece.index]
+        entry[1] += piece.fragment
+        return [self._input(entry[0], piece.fragment)]
+
     def finish(self, result: TurnResult) -> list[bytes]:
-        out = []
-        if self.text_open:
-            out.append(self._event("content_block_stop", index=self.blocks - 1))
-        for call in result.tool_calls:
-            i = self.blocks
-            self.blocks += 1
-            out += [self._event("content_block_start", index=i, content_block={
-                        "type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": {}}),
-                    self._event("content_block_delta", index=i, delta={
-                        "type": "input_json_delta", "partial_json": orjson.dumps(_arguments(call)).decode()}),
-                    self._event("content_block_stop", index=i)]
+        out = self._close_text()
+        for k, call in enumerate(result.tool_calls):
+            if k in self.closed:
+                continue
+            arguments = orjson.dumps(_arguments(call)).decode()
+            if k in self.calls:
+                block, sent = self.calls.pop(k)
+                rest = tool_calls.unsent(call["function"]["arguments"], sent) if sent else arguments
+            else:
+                block, start = self._open_call(call["id"], call["function"]["name"])
+                out.append(start)
+                rest = arguments
+            out += [*([self._input(block, rest)] if rest else []), self._event("content_block_stop", index=block)]
+        out += [self._event("content_block_stop", index=block) for block, _ in self.calls.values()]  # unparsed
         out += [self._event("message_delta", delta={"stop_reason": stop_reason(result),
                                                     "stop_sequence": result.stop_sequence},
                             usage=usage(result), timings=result.timings.to_json()),

@@ -14,6 +14,7 @@ from gateway.bodies import json_response, read_json
 from gateway.error_responses import error_body
 from gateway.openai_chat_objects import chunk, completion, final_chunks, new_id
 from gateway.protocol import TurnResult
+from gateway.tool_calls import CallArgs, CallStart
 from gateway.turn_http import begin, complete, session_headers
 
 routes = web.RouteTableDef()
@@ -41,6 +42,7 @@ class ChunkEncoder:
 
     def __init__(self, req_id: str, model: str, session_id: str | None, include_usage: bool) -> None:
         self.req_id, self.model, self.session_id, self.include_usage = req_id, model, session_id, include_usage
+        self.streamed: dict[int, str] = {}  # each streamed call's arguments sent so far
 
     async def settle(self, result: TurnResult) -> None:
         return None
@@ -51,9 +53,20 @@ class ChunkEncoder:
     def text(self, piece: str) -> list[bytes]:
         return [sse.frame(chunk(self.req_id, self.model, {"content": piece}))]
 
+    def call(self, piece: CallStart | CallArgs) -> list[bytes]:
+        """A call's id and name when it starts, then its arguments in pieces, as OpenAI streams them."""
+        if isinstance(piece, CallStart):
+            self.streamed[piece.index] = ""
+            delta = {"index": piece.index, "id": piece.id, "type": "function",
+                     "function": {"name": piece.name, "arguments": ""}}
+        else:
+            self.streamed[piece.index] += piece.fragment
+            delta = {"index": piece.index, "function": {"arguments": piece.fragment}}
+        return [sse.frame(chunk(self.req_id, self.model, {"tool_calls": [delta]}))]
+
     def finish(self, result: TurnResult) -> list[bytes]:
         return [*(sse.frame(c) for c in final_chunks(self.req_id, self.model, result, self.session_id,
-                                                     self.include_usage)), sse.frame("[DONE]")]
+                                                     self.include_usage, self.streamed)), sse.frame("[DONE]")]
 
     def keepalive(self) -> list[bytes]:
         return [sse.COMMENT]

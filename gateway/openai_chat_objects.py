@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from core.results import Timings
+from gateway import tool_calls
 from gateway.protocol import TurnResult
 
 
@@ -41,12 +42,20 @@ def chunk(req_id: str, model: str, delta: dict[str, Any], finish: str | None = N
 
 
 def final_chunks(req_id: str, model: str, turn: TurnResult, session_id: str | None,
-                 include_usage: bool) -> list[dict[str, Any]]:
-    """The stream's closing chunks: the tool calls (if any), the finish reason with the
+                 include_usage: bool, streamed: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """The stream's closing chunks: what is left of the tool calls (``streamed``: the
+    arguments already sent of each call that streamed), the finish reason with the
     timings, then ``usage`` when the client asked for it."""
     out = []
-    if calls := turn.tool_calls:
-        out.append(chunk(req_id, model, {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
+    sent = streamed or {}
+    rest = []
+    for i, c in enumerate(turn.tool_calls):
+        if i not in sent:
+            rest.append({"index": i, **c})
+        elif tail := tool_calls.unsent(c["function"]["arguments"], sent[i]):
+            rest.append({"index": i, "function": {"arguments": tail}})
+    if rest:
+        out.append(chunk(req_id, model, {"tool_calls": rest}))
     extra: dict[str, Any] = {"timings": turn.timings.to_json()}
     if session_id:
         extra["session_id"] = session_id

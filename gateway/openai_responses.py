@@ -27,12 +27,13 @@ import structlog
 from aiohttp import web
 
 from core.errors import InvalidRequest, SessionNotFound
-from gateway import client_hints, keys, protocol, sse
+from gateway import client_hints, keys, protocol, sse, tool_calls
 from gateway import messages as wire
 from gateway.auth import OWNER
 from gateway.bodies import json_response, read_json
 from gateway.error_responses import error_body
 from gateway.protocol import ChatRequest, TurnResult
+from gateway.tool_calls import CallArgs, CallStart
 from gateway.turn_http import begin, complete
 from sessions.manager import IMPLICIT_PREFIX, Session
 
@@ -312,7 +313,8 @@ class Builder:
         prompt, cached, completion = protocol.prompt_counts(result.timings)
         return {**self.shell("incomplete" if incomplete else "completed"), "output": self.output(result),
                 "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-                "usage": {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+                "usage": {"input_tokens": prompt,
+                          "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
                           "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
                           "total_tokens": prompt + completion},
                 "timings": result.timings.to_json()}
@@ -326,6 +328,9 @@ class ResponseEncoder:
         self.b, self.keep = built, keep
         self.seq = 0
         self.said: list[str] | None = None  # the message item's text so far, once the item is open
+        self.message_closed = False
+        self.calls: dict[int, list[Any]] = {}  # streamed call still open -> [its item, arguments sent so far]
+        self.closed: set[int] = set()  # calls whose items are done
         self.final: dict[str, Any] | None = None
 
     async def settle(self, result: TurnResult) -> None:
@@ -360,32 +365,64 @@ class ResponseEncoder:
         self.said.append(piece)
         return [*out, self._event("response.output_text.delta", **part, delta=piece, logprobs=[])]
 
+    def _message_done(self, text: str) -> list[bytes]:
+        """Close the message item (once): before a call's item opens, or at the end."""
+        if self.said is None or self.message_closed:
+            return []
+        self.message_closed = True
+        part = {"item_id": self.b.msg_id, "output_index": 0, "content_index": 0}
+        item = self.b.message_item(text)
+        return [self._event("response.output_text.done", **part, text=text, logprobs=[]),
+                self._event("response.content_part.done", **part, part=item["content"][0]),
+                self._event("response.output_item.done", output_index=0, item=item)]
+
+    def _first_call_index(self) -> int:
+        return 0 if self.said is None else 1
+
+    def call(self, piece: CallStart | CallArgs) -> list[bytes]:
+        if isinstance(piece, CallArgs):
+            entry = self.calls[piece.index]
+            entry[1] += piece.fragment
+            return [self._event("response.function_call_arguments.delta", item_id=entry[0]["id"],
+                                output_index=self._first_call_index() + piece.index, delta=piece.fragment)]
+        out = self._message_done("".join(self.said or ()).strip())  # as the parsed reply's content will be
+        for k in list(self.calls):  # items stream one after another: the call before this one is written
+            item, sent = self.calls.pop(k)
+            out += self._call_done(k, {**item, "arguments": sent})
+        call = {"id": piece.id, "function": {"name": piece.name, "arguments": ""}}
+        item = {**self.b.call_item(call), "status": "in_progress"}
+        self.calls[piece.index] = [item, ""]
+        return [*out, self._event("response.output_item.added", output_index=self._first_call_index() + piece.index,
+                                  item=item)]
+
+    def _call_done(self, k: int, item: dict[str, Any]) -> list[bytes]:
+        self.closed.add(k)
+        index, item = self._first_call_index() + k, {**item, "status": "completed"}
+        return [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                            name=item["name"], arguments=item["arguments"]),
+                self._event("response.output_item.done", output_index=index, item=item)]
+
     def finish(self, result: TurnResult) -> list[bytes]:
         response = self.final or self.response(result)
-        out = []
-        if self.said is not None:
-            text = result.message.get("content") or "".join(self.said)
-            part = {"item_id": self.b.msg_id, "output_index": 0, "content_index": 0}
-            item = self.b.message_item(text)
-            out += [self._event("response.output_text.done", **part, text=text, logprobs=[]),
-                    self._event("response.content_part.done", **part, part=item["content"][0]),
-                    self._event("response.output_item.done", output_index=0, item=item)]
-        first = 0 if self.said is None else 1
+        out = self._message_done(result.message.get("content") or "".join(self.said or ()))
+        first = self._first_call_index()
         for k, call in enumerate(result.tool_calls):
+            if k in self.closed:
+                continue
             index, item = first + k, self.b.call_item(call)
-            out += [self._event("response.output_item.added", output_index=index,
-                                item={**item, "arguments": "", "status": "in_progress"}),
-                    self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                                delta=item["arguments"]),
-                    self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                                arguments=item["arguments"]),
-                    self._event("response.output_item.done", output_index=index, item=item)]
+            if k in self.calls:
+                rest = tool_calls.unsent(item["arguments"], self.calls.pop(k)[1])
+            else:
+                out.append(self._event("response.output_item.added", output_index=index,
+                                       item={**item, "arguments": "", "status": "in_progress"}))
+                rest = item["arguments"]
+            if rest:
+                out.append(self._event("response.function_call_arguments.delta", item_id=item["id"],
+                                       output_index=index, delta=rest))
+            out += self._call_done(k, item)
         # response.completed even when max_output_tokens cut it (status "incomplete"): the openai
         # and openai-agents clients take their final response only from that event
         return [*out, self._event("response.completed", response=response)]
-
-    def keepalive(self) -> list[bytes]:
-        return [sse.COMMENT]
 
     def error(self, exc: BaseException) -> list[bytes]:
         status, body = error_body(exc)
@@ -393,3 +430,6 @@ class ResponseEncoder:
                                                      "message": body["error"]["message"]}}
         return [self._event("error", code=body["error"]["code"], message=body["error"]["message"], param=None),
                 self._event("response.failed", response=failed)]
+
+    def keepalive(self) -> list[bytes]:
+        return [sse.COMMENT]

@@ -233,8 +233,10 @@ class TurnResult:
         return "stop" if self.finish_reason == "cancelled" else self.finish_reason
 
 
-def turn_result(result: Result, tools: tuple[dict[str, Any], ...] | None) -> TurnResult:
-    content, calls = tool_calls.parse(result.text, tool_calls.names_of(tools)) if tools else (result.text, [])
+def turn_result(result: Result, tools: tuple[dict[str, Any], ...] | None, call_prefix: str | None = None) -> TurnResult:
+    """``call_prefix``: the turn's, so calls parsed here have the ids they streamed with."""
+    content, calls = tool_calls.parse(result.text, tool_calls.names_of(tools), call_prefix) if tools \
+        else (result.text, [])
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls

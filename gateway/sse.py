@@ -21,6 +21,7 @@ from aiohttp import web
 
 from gateway import keys
 from gateway.protocol import TurnResult
+from gateway.tool_calls import CallArgs, CallStart
 from gateway.turns import Turn
 
 log = structlog.get_logger("specgate.http")
@@ -37,6 +38,7 @@ class Encoder(Protocol):
     async def settle(self, result: TurnResult) -> None: ...  # what must be done before the last event
     def start(self) -> list[bytes]: ...
     def text(self, piece: str) -> list[bytes]: ...
+    def call(self, piece: CallStart | CallArgs) -> list[bytes]: ...  # a tool call as it is written
     def finish(self, result: TurnResult) -> list[bytes]: ...
     def error(self, exc: BaseException) -> list[bytes]: ...
     def keepalive(self) -> list[bytes]: ...  # Anthropic's ping event; an SSE comment elsewhere
@@ -72,7 +74,7 @@ async def stream(request: web.Request, turn: Turn, encoder: Encoder,
         await send(encoder.start())
         pinger = asyncio.create_task(keepalive(request.app[keys.CONFIG].gateway.keepalive_s))
         async for piece in turn.pieces():
-            await send(encoder.text(piece))
+            await send(encoder.text(piece) if isinstance(piece, str) else encoder.call(piece))
         try:
             result = await turn.result()
         except Exception as exc:  # headers are out: report in-band

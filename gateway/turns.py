@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,15 +35,16 @@ class Turn:
     cancel: threading.Event = field(default_factory=threading.Event)
     queue: asyncio.Queue[str | None] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[TurnResult] | None = None
+    call_prefix: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # its tool calls' ids
 
-    async def pieces(self) -> AsyncIterator[str]:
-        """Text as generated.  With tools, text that may be a call is held back until the
-        reply is parsed (see :class:`tool_calls.StreamFilter`)."""
-        held = tool_calls.StreamFilter() if self.request.tools else None
+    async def pieces(self) -> AsyncIterator[tool_calls.Piece]:
+        """Text as generated, and tool calls as they are written.  With tools, text that may be
+        a call is held back until the reply is parsed (see :class:`tool_calls.StreamFilter`)."""
+        held = tool_calls.StreamFilter(tool_calls.names_of(self.request.tools), self.call_prefix) \
+            if self.request.tools else None
         while (piece := await self.queue.get()) is not None:
-            text = held.feed(piece) if held is not None else piece
-            if text:
-                yield text
+            for item in held.feed(piece) if held is not None else (piece,):
+                yield item
         task = self.task
         if held is not None and task is not None and not task.cancelled() and task.exception() is None:
             if tail := held.release(task.result().message):
@@ -135,7 +137,7 @@ class TurnRunner:
         finally:
             if turn.session is not None:
                 self.manager.release(turn.session)
-        result = protocol.turn_result(outcome.result, turn.request.tools)
+        result = protocol.turn_result(outcome.result, turn.request.tools, turn.call_prefix)
         self._record(turn, result)
         if result.timings.max_tokens_asked:
             log.info("max_tokens_clamped", asked=result.timings.max_tokens_asked, ceiling=result.timings.max_tokens)

@@ -85,7 +85,8 @@ def start_turn(request: web.Request, session: Session, event: dict[str, Any]) ->
 async def stream_turn(ws: web.WebSocketResponse, turn: Turn) -> None:
     try:
         async for piece in turn.pieces():
-            await ws.send_json({"type": "delta", "content": piece})
+            if isinstance(piece, str):  # calls arrive whole, in ``done``
+                await ws.send_json({"type": "delta", "content": piece})
         result = await turn.result()
     except ConnectionResetError:
         turn.abandon()

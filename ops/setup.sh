@@ -73,11 +73,27 @@ PYEOF
   .venv/bin/python -m pip install "${PIP_FLAGS[@]}" --force-reinstall --no-deps "$dir"/llama_cpp_python-*.whl
   echo "$key" > "$stamp"
 }
+# The coding agents the end-to-end tests drive unchanged (tests/integration/test_agent_clis.py), at pinned
+# versions in .clis/.  npm 11 runs no install scripts by default: the two that fetch nothing but unpack
+# a bundled binary are run by hand.
+AGENT_CLIS=(@anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 opencode-ai@1.18.33)
+install_agent_clis() {
+  local stamp=.clis/.specgate-clis
+  [ "$(cat "$stamp" 2>/dev/null)" = "${AGENT_CLIS[*]}" ] && return 0
+  command -v npm >/dev/null 2>&1 || { echo "setup: npm is needed for the agent CLI tests (apt-get install npm)"; exit 1; }
+  echo "== installing the agent CLIs: ${AGENT_CLIS[*]}"
+  npm install --prefix .clis --no-audit --no-fund --loglevel=error "${AGENT_CLIS[@]}" >/dev/null
+  (cd .clis/node_modules/@anthropic-ai/claude-code && node install.cjs >/dev/null)
+  (cd .clis/node_modules/opencode-ai && node ./postinstall.mjs >/dev/null)
+  echo "${AGENT_CLIS[*]}" > "$stamp"
+}
+
 install_llama_cpp
 if [ "$mode" = "--test" ]; then
   echo "== installing specgate with test extras"
   .venv/bin/python -m pip install "${PIP_FLAGS[@]}" -e '.[test]'
   install_redis
+  install_agent_clis
 else
   echo "== installing specgate"
   .venv/bin/python -m pip install "${PIP_FLAGS[@]}" -e .

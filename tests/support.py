@@ -11,7 +11,7 @@ import pytest
 
 from bench.common import free_port
 from bench.derived_models import derived
-from core.config import EngineConfig
+from core.config import EngineConfig, Limits
 from core.llama import model_files
 from core.loader import override
 from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, Selection, TurnParams
@@ -130,6 +130,8 @@ class GatewayThread:
 def start_gateway(target: Path, speculator: Path, prefill: PrefillPolicy = TEST_PREFILL,
                   decoding: DecodingPolicy | None = None, engine: dict[str, Any] | None = None,
                   **gateway_kwargs: Any) -> GatewayThread:
+    # replies the tiny models ramble on to max_tokens: keep the unset default at its old 256
+    gateway_kwargs.setdefault("limits", Limits(default_max_tokens=256))
     gw = GatewayConfig(port=free_port(), **gateway_kwargs)
     return GatewayThread(ServeConfig(gw, engine_config(target, speculator, **(engine or {})), prefill,
                                      decoding or DecodingPolicy()))

@@ -79,7 +79,8 @@ def test_anthropic_key_by_either_header_and_errors_in_anthropic_shape(gw):
     assert r.status_code == 401 and r.json()["type"] == "error"
     assert r.json()["error"]["type"] == "authentication_error"
     for body, needle in [
-        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image blocks"),
+        ({"messages": [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "x"}]}]},
+         "must be a text, tool_use"),
         ({"messages": ROUND_TRIP[:1], "tools": A_TOOLS, "tool_choice": {"type": "tool", "name": "nope"}},
          "not among the offered tools"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "role"),
@@ -146,7 +147,7 @@ def test_responses_are_per_key_and_gone_once_deleted(gw):
 
 def test_responses_bad_input_gets_400(gw):
     cases = [
-        ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_hologram", "data": "x"}]}]},
          "not supported"),
         ({"input": [{"type": "computer_call"}]}, "not supported"),
         ({"input": "x", "tools": R_TOOLS, "tool_choice": {"type": "function", "name": "nope"}},

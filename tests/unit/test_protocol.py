@@ -81,7 +81,7 @@ def test_turn_result_parses_calls_once_with_stable_ids():
 
 def stream(pieces: list[str], final_text: str) -> str:
     held = tool_calls.StreamFilter()
-    shown = "".join(held.feed(p) for p in pieces)
+    shown = "".join(x for p in pieces for x in held.feed(p) if isinstance(x, str))  # the text, not the calls
     message = protocol.turn_result(Result(final_text, "stop", [], Timings()), TOOLS).message
     return shown + held.release(message)
 
