@@ -44,6 +44,7 @@ class EngineConfig:
     step_tokens: int = 256  # the most prefill tokens a step carries while other turns stream; 0 = decode first
     prefill_share: float = 0.5  # such a chunk costs at most this share of the rest of its step; 0 = always
     # step_tokens (core/runtime/chunk_budget.py, README "Many sessions at once")
+    progress_log_s: float = 10.0  # a long prefill logs its progress (tokens done, rate, time left) this often
     scoring_window: int = 2048  # the scoring model prefills long prompts with each token attending to the first
     # 64 and the last this many cells (core/scoring_window.py); the scored rows still see all; 0 = off
     scorer: str = "speculator-q4_0"  # the model that scores prompts (core/llama/scorer_cuts.py): the speculator
@@ -60,6 +61,7 @@ class EngineConfig:
         _one_of("kv_type", self.kv_type, KV_CACHE_TYPES)
         _require(self.step_tokens >= 0, f"step_tokens must be >= 0, got {self.step_tokens}")
         _require(self.prefill_share >= 0, f"prefill_share must be >= 0, got {self.prefill_share}")
+        _require(self.progress_log_s > 0, f"progress_log_s must be > 0, got {self.progress_log_s}")
         _require(self.slots < self.n_batch, f"n_batch ({self.n_batch}) must exceed slots ({self.slots})")
         _require(self.speculator_n_ctx >= 0, f"speculator_n_ctx must be >= 0, got {self.speculator_n_ctx}")
         _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")

@@ -49,7 +49,7 @@ _BLOCK = {"type": "object", "required": ["type"], "properties": {
     "id": {"type": "string"}, "name": {"type": "string"}, "input": {"type": "object"},
     "tool_use_id": {"type": "string"}, "content": {"type": "string"}, "is_error": {"type": "boolean"}}}
 _A_MESSAGE = {"type": "object", "required": ["role", "content"], "properties": {
-    "role": {"type": "string", "enum": ["user", "assistant"]},
+    "role": {"type": "string", "enum": ["user", "assistant", "system"]},
     "content": {"oneOf": [{"type": "string", "maxLength": 2000}, {"type": "array", "items": _BLOCK, "maxItems": 4}]}}}
 _A_TOOL = {"type": "object", "required": ["name", "input_schema"], "properties": {
     "name": {"type": "string"}, "description": {"type": "string"}, "input_schema": {"type": "object"}}}

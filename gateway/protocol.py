@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from core.config import DEFAULT_LIMITS, Limits
 from core.decoding import constraints
 from core.decoding.constraints import Constraint
@@ -24,6 +26,7 @@ from core.results import Result, Timings
 from gateway import client_hints, tool_calls
 from gateway import messages as wire
 
+log = structlog.get_logger("specgate.http")
 SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 UNSUPPORTED = ("grammar", "logprobs", "top_logprobs", "logit_bias")
 # what a request may change of the server's SpecPrefill policy, with bounds (declared on the
@@ -179,7 +182,9 @@ def output_constraint(tools: tuple[dict[str, Any], ...] | None, choice: str, par
     """What the reply is held to.  A forced call (``required`` or a named function) wins over
     ``response_format``, which then applies to the reply after the tool results; with tools
     on ``auto`` the reply is the JSON answer or calls; a call the model starts on its own
-    must name an offered tool with valid arguments."""
+    must name an offered tool with valid arguments -- unless a tool's schema cannot be
+    compiled, which never fails an ``auto`` request: its reply is then parsed unconstrained
+    (``required``, a named function and ``response_format`` stay enforced, or a 400)."""
     syntax = constraints.SYNTAXES["qwen"]  # the family tool_calls.parse reads
     schema, wants_json = json_format(response_format)
     offered = list(tools or ())
@@ -190,7 +195,13 @@ def output_constraint(tools: tuple[dict[str, Any], ...] | None, choice: str, par
         built = constraints.json_or_tool_call(schema, offered, parallel, syntax) if offered \
             else constraints.json_reply(schema)
         return constraints.check(built)
-    return constraints.check(c) if (c := constraints.tool_call(offered, "auto", parallel, syntax)) else None
+    if (lazy := constraints.tool_call(offered, "auto", parallel, syntax)) is None:
+        return None
+    try:
+        return constraints.check(lazy)
+    except InvalidRequest as exc:  # the model may still call: its reply is parsed, unconstrained
+        log.warning("tool_grammar_skipped", reason=str(exc)[:300], tools=len(offered))
+        return None
 
 
 def json_format(raw: Any) -> tuple[dict[str, Any] | None, bool]:

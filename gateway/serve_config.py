@@ -36,7 +36,7 @@ class GatewayConfig:
     replica_id: str = ""  # this replica's name in the session registry; empty = hostname-port
     advertise_url: str = ""  # where other replicas reach this one; empty = http://host:port
     lease_ms: int = 15000  # a session lease's TTL in Redis, renewed while the replica keeps the session
-    keepalive_s: float = 15.0  # a stream sends a keepalive (Anthropic ping, SSE comment) when this long quiet
+    keepalive_s: float = 10.0  # a stream sends a keepalive (Anthropic ping, SSE comment) when this long quiet
     keep_billing_header: bool = False  # keep Claude Code's per-conversation billing line (gateway/client_hints.py)
     limits: Limits = field(default_factory=Limits)
 

@@ -43,7 +43,6 @@ from core.runtime.chunk_budget import ChunkBudget
 from core.runtime.steps import Tokens, TurnSteps, Wait
 
 log = structlog.get_logger("specgate.prefill")
-PROGRESS_S = 10.0  # a long prefill logs where it is this often (tokens done, rate, time left)
 
 
 @dataclass(slots=True, eq=False)
@@ -86,7 +85,8 @@ class StepStats:
 
 
 class StepLoop:
-    def __init__(self, step_tokens: int, prefill_share: float = 0.0) -> None:
+    def __init__(self, step_tokens: int, prefill_share: float = 0.0, progress_s: float = 10.0) -> None:
+        self.progress_s = progress_s  # a long prefill logs where it is this often
         self.budget = ChunkBudget(step_tokens, prefill_share)  # its cost function: the engine's (core.runtime.worker)
         self.jobs: list[Job] = []
         self.stats = StepStats()
@@ -185,12 +185,11 @@ class StepLoop:
             s.chunk_stalls += 1
             s.stall_tokens += chunk
 
-    @staticmethod
-    def _progress(job: Job) -> None:
-        """Log a long prefill's progress every :data:`PROGRESS_S` (ops see it move, not
-        minutes of silence between ``request_start`` and ``turn_done``)."""
+    def _progress(self, job: Job) -> None:
+        """Log a long prefill's progress every ``progress_s`` (ops see it move, not minutes
+        of silence between ``request_start`` and ``turn_done``)."""
         now = time.perf_counter()
-        if now - job.reported < PROGRESS_S or not isinstance(job.request, Tokens):
+        if now - job.reported < self.progress_s or not isinstance(job.request, Tokens):
             return
         job.reported = now
         rate = job.done / max(now - job.started, 1e-9)

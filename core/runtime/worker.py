@@ -44,7 +44,7 @@ class ModelWorker:
         self.state = ModelState.LOADING
         self.error: str | None = None
         self._engine: Engine | None = None
-        self._loop = StepLoop(config.step_tokens, config.prefill_share)
+        self._loop = StepLoop(config.step_tokens, config.prefill_share, config.progress_log_s)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 

@@ -194,6 +194,8 @@ def test_full_queue_answers_429_with_retry_after(gateway):
 def test_models_health_ready_metrics(gateway):
     model = httpx.get(gateway.base + "/v1/models").json()["data"][0]
     assert model["id"] == "specgate" and "/" not in model["target"] + model["speculator"]  # no file paths
+    assert model["context_length"] == model["max_model_len"] == 4096  # the tests' n_ctx: clients size by it
+    assert model["max_output_tokens"] == 4096  # the cap (32768) is clamped to the window
     assert httpx.get(gateway.base + "/health").json() == {"status": "ok"}
     ready = httpx.get(gateway.base + "/ready").json()
     assert ready["ready"] and ready["store"] == "redis" and ready["models"] == "ready"

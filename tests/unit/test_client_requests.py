@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.config import Limits
+from core.errors import InvalidRequest
 from core.policies import TurnParams
 from gateway import anthropic_messages, client_hints, openai_responses, protocol
 
@@ -159,3 +160,16 @@ def test_the_billing_line_pattern_is_anchored():
         ("rest", True)
     text = "You are helpful.\nx-anthropic-billing-header: cc_version=1;"
     assert client_hints.strip_billing_line(text) == (text, False)  # only at the head
+
+
+LOOKBEHIND_TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=x)y"}}}}}
+
+
+def test_a_tool_schema_the_grammar_cannot_compile_never_fails_an_auto_request():
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [LOOKBEHIND_TOOL]}
+    req = protocol.parse_chat(body, TurnParams(), None)
+    assert req.tools and req.params.sampling.constraint is None  # parsed afterwards, unconstrained
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):  # a forced call stays enforced
+        with pytest.raises(InvalidRequest, match="cannot be enforced"):
+            protocol.parse_chat({**body, "tool_choice": choice}, TurnParams(), None)
