@@ -83,7 +83,9 @@ async def stream(request: web.Request, turn: Turn, encoder: Encoder,
             return resp
         await encoder.settle(result)
         await send(encoder.finish(result))
-        await resp.write_eof()
+        async with lock:  # no keepalive after the last frame
+            pinger.cancel()
+            await resp.write_eof()
     except (ConnectionResetError, ConnectionError, asyncio.CancelledError) as exc:
         request.app[keys.METRICS].disconnects.labels("sse").inc()
         log.info("client_disconnected", stream=True, error=type(exc).__name__)
