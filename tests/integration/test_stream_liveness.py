@@ -93,3 +93,24 @@ def test_a_long_prefill_keeps_its_stream_alive_through_haproxy(proxied, path, bo
     progress = [json.loads(line) for line in server.output().splitlines()
                 if line.startswith("{") and '"prefill_progress"' in line]
     assert progress and all(p["done"] < p["total"] and p["eta_s"] is not None for p in progress)
+
+
+@pytest.mark.parametrize("path, body, words", [
+    ("/v1/messages", {"model": "m", "max_tokens": 8, "stream": True}, "prompt is too long: "),
+    ("/v1/chat/completions", {"stream": True}, "maximum context length is 8191 tokens"),
+    ("/v1/responses", {"stream": True, "store": False}, "maximum context length is 8191 tokens"),
+])
+def test_a_streamed_prompt_over_the_context_is_a_400_before_any_stream(proxied, path, body, words):
+    _, server = proxied
+    text = WORDS * 2  # ~13.6K tokens against an 8K context
+    payload = {**body, "input": text} if path == "/v1/responses" else \
+        {**body, "messages": [{"role": "user", "content": text}]}
+    r = httpx.post(server.base + path, json=payload, timeout=60)
+    assert r.status_code == 400 and r.headers["Content-Type"].startswith("application/json"), r.text[:300]
+    error = r.json()["error"]
+    assert words in error["message"]
+    if path == "/v1/messages":
+        assert r.json()["type"] == "error" and error["type"] == "invalid_request_error"
+        assert error["message"].endswith("tokens > 8191 maximum")
+    else:
+        assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
