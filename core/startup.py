@@ -8,9 +8,10 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from core.config import KV_ELEMENT_BYTES, EngineConfig
+from core.config import EngineConfig, kv_cache_bytes
 from core.errors import ConfigError, EngineError, VocabMismatch
 from core.llama.model import Model
+from core.machine import available_bytes
 
 if TYPE_CHECKING:
     from core.engine import Engine
@@ -31,23 +32,9 @@ def check_same_vocab(a: Model, b: Model) -> None:
         raise VocabMismatch(f"{a.path.name} and {b.path.name} tokenize the same text differently")
 
 
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None where there is none)."""
-    try:
-        for line in open("/proc/meminfo", encoding="ascii"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def check_memory(config: EngineConfig, target: Model, speculator: Model) -> None:
     """Refuse a slot configuration whose KV caches and weights do not fit in memory."""
-    per_f16 = KV_ELEMENT_BYTES[config.kv_type] / KV_ELEMENT_BYTES["f16"]  # Model counts f16 bytes
-    spec_slots = config.slots + (1 if config.scoring_window else 0)  # the windowed prefill's scratch slot
-    kv = int(per_f16 * (config.slots * config.n_ctx * target.kv_bytes_per_token
-                        + spec_slots * config.speculator_ctx_len * speculator.kv_bytes_per_token))
+    kv = kv_cache_bytes(config, target.kv_bytes_per_token, speculator.kv_bytes_per_token)
     need, have = kv + target.size_bytes + speculator.size_bytes, available_bytes()
     if have is not None and need > have:
         mib = 1 << 20

@@ -18,10 +18,15 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from core.config import EngineConfig
+import structlog
+
+from core.config import EngineConfig, kv_cache_bytes
 from core.errors import FetchError, ModelFileError
 from core.loader import override
+
+log = structlog.get_logger("specgate.models")
 
 Progress = Callable[[str], None]
 
@@ -81,21 +86,62 @@ def with_default_models(config: EngineConfig) -> EngineConfig:
     config = override(config, target=config.target or str(model_path(TARGET)),
                       speculator=config.speculator or str(model_path(SPECULATOR)))
     if config.n_ctx == 0:
-        config = override(config, n_ctx=trained_context(config.target))
+        config = fit_slots(override(config, n_ctx=trained_context(config.target)))
     return config
 
 
-def trained_context(path: str | Path) -> int:
-    """The context length a GGUF model was trained for (``<arch>.context_length``)."""
+def fit_slots(config: EngineConfig) -> EngineConfig:
+    """``config`` with as many of its slots as fit in the memory free now (at least one): a
+    context chosen by default never makes the server refuse to start; the engine's memory
+    check still refuses a configuration that cannot fit even so."""
+    from core.machine import available_bytes
+
+    have = available_bytes()
+    if have is None:
+        return config
+    weights = Path(config.target).stat().st_size + Path(config.speculator).stat().st_size
+    per_token = kv_bytes_per_token(config.target), kv_bytes_per_token(config.speculator)
+    slots = config.slots
+    while slots > 1 and kv_cache_bytes(override(config, slots=slots), *per_token) + weights > have:
+        slots -= 1
+    if slots < config.slots:
+        log.warning("slots_fitted", slots=slots, asked=config.slots, n_ctx=config.n_ctx,
+                    reason="the KV caches of more slots at this context do not fit in free memory")
+        return override(config, slots=slots)
+    return config
+
+
+def _metadata(path: str | Path) -> tuple[Any, str]:
     from gguf import GGUFReader
 
     reader = GGUFReader(validate_gguf(path), "r")
     arch = reader.fields["general.architecture"]
-    name = bytes(arch.parts[arch.data[0]]).decode()
-    field = reader.fields.get(f"{name}.context_length")
-    if field is None:
-        raise ModelFileError(f"{path} does not say its trained context ({name}.context_length): set --n-ctx")
-    return int(field.parts[field.data[0]][0])
+    return reader, bytes(arch.parts[arch.data[0]]).decode()
+
+
+def _int_field(reader: Any, key: str) -> int | None:
+    field = reader.fields.get(key)
+    return None if field is None else int(field.parts[field.data[0]][0])
+
+
+def trained_context(path: str | Path) -> int:
+    """The context length a GGUF model was trained for (``<arch>.context_length``)."""
+    reader, arch = _metadata(path)
+    if (n := _int_field(reader, f"{arch}.context_length")) is None:
+        raise ModelFileError(f"{path} does not say its trained context ({arch}.context_length): set --n-ctx")
+    return n
+
+
+def kv_bytes_per_token(path: str | Path) -> int:
+    """f16 K and V of every layer for one token, from the file's metadata (as
+    :attr:`core.llama.model.Model.kv_bytes_per_token` counts it once loaded)."""
+    reader, arch = _metadata(path)
+    layers, heads = _int_field(reader, f"{arch}.block_count"), _int_field(reader, f"{arch}.attention.head_count")
+    embd = _int_field(reader, f"{arch}.embedding_length")
+    kv_heads = _int_field(reader, f"{arch}.attention.head_count_kv") or heads
+    if not (layers and heads and embd and kv_heads):
+        raise ModelFileError(f"{path} lacks the metadata that sizes its KV cache ({arch}.block_count, ...)")
+    return 2 * 2 * layers * kv_heads * (embd // heads)
 
 
 def sha256_of(path: Path) -> str:
