@@ -14,11 +14,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from core.decoding.decode import OnText
 from core.policies import TurnParams
 from core.prompt import Prompt
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # llama.cpp's side: the gateway builds a TurnRequest without loading it
+    from core.decoding.decode import OnText
     from core.engine import Engine
 
 

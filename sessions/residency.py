@@ -16,13 +16,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 
-from core.engine import Engine, Result
 from core.errors import TurnCancelled
 from core.prompt import Prompt
-from core.results import Timings
+from core.results import Result, Timings
 from core.runtime.steps import TurnSteps, Wait
 from core.session_kv import SessionKV, dense_prefix
 from core.turn_request import TurnRequest
@@ -30,6 +30,9 @@ from sessions.parked_kv import ParkedKV
 from sessions.prefix_cache import PrefixCache
 from sessions.session import KVLocation, Session, SessionState
 from sessions.slots import Seat, SlotTable
+
+if TYPE_CHECKING:  # the engine runs on the model thread; this module only hands it work
+    from core.engine import Engine
 
 log = structlog.get_logger("specgate.sessions")
 

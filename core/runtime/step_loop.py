@@ -33,14 +33,16 @@ import contextvars
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from core.errors import TurnCancelled
-from core.llama.context import Context
 from core.runtime.chunk_budget import ChunkBudget
 from core.runtime.steps import Tokens, TurnSteps, Wait
+
+if TYPE_CHECKING:  # contexts are llama.cpp's: only the model thread makes them
+    from core.llama.context import Context
 
 log = structlog.get_logger("specgate.prefill")
 

@@ -16,15 +16,17 @@ import enum
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
 from core.config import EngineConfig
-from core.engine import Engine
 from core.errors import EngineError
 from core.runtime.step_loop import Job, StepLoop, StepStats
 from core.runtime.steps import TurnSteps
+
+if TYPE_CHECKING:  # the engine (llama.cpp) loads on the model thread, not when the gateway is imported
+    from core.engine import Engine
 
 log = structlog.get_logger("specgate.worker")
 T = TypeVar("T")
@@ -105,6 +107,8 @@ class ModelWorker:
 
     # -- the model thread -------------------------------------------------------
     def _main(self, ready: concurrent.futures.Future[Engine]) -> None:
+        from core.engine import Engine
+
         try:
             engine = Engine(self.config)
         except BaseException as exc:  # noqa: BLE001 -- reported to start()
