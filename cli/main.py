@@ -61,6 +61,8 @@ HELP = {
     "max_tokens_cap": "a request's max_tokens is clamped to this (and to what the context leaves), never refused",
     "default_max_tokens": "max_tokens of a request that sets none",
     "progress_log_s": "a long prefill logs its progress (tokens done, rate, time left) this often",
+    "allow_foreign_origins": "with no API keys on loopback, also take requests whose Origin or Host names another "
+                             "machine (web pages; refused by default)",
     "keepalive_s": "a quiet stream (a long prefill) sends a keepalive this often: Anthropic ping, SSE comment",
     "keep_billing_header": "keep Claude Code's per-conversation billing line at the head of the system prompt "
                            "(stripped by default so conversations share their prompt's KV)",

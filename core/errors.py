@@ -8,8 +8,10 @@ errors lives in exactly one place (the class attributes below).
     SpecGateError
     ├── ConfigError            invalid configuration or request parameters (400)
     │   └── InvalidRequest     malformed request body or messages (400)
-    │       └── RequestTooLarge    over a configured request limit (413)
+    │       ├── RequestTooLarge    over a configured request limit (413)
+    │       └── UnsupportedMediaType   a POST body that is not JSON (415)
     ├── Unauthorized           missing or unknown API key (401)
+    ├── ForeignOrigin          a web page's request to the keyless loopback default (403)
     ├── ModelError             a model file cannot be used (500 at load time)
     │   ├── ModelFileError     missing, unreadable or not GGUF
     │   └── VocabMismatch      speculator and target do not share a tokenizer
@@ -51,6 +53,19 @@ class InvalidRequest(ConfigError):
 class RequestTooLarge(InvalidRequest):
     status = 413
     code = "request_too_large"
+
+
+class UnsupportedMediaType(InvalidRequest):
+    status = 415
+    code = "unsupported_media_type"
+
+
+class ForeignOrigin(SpecGateError):
+    """A request from a web page (a foreign ``Origin``) or through a name that is not this
+    machine's (a foreign ``Host``: DNS rebinding) to a keyless server on loopback."""
+
+    status = 403
+    code = "forbidden_origin"
 
 
 class Unauthorized(SpecGateError):

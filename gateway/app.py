@@ -69,6 +69,8 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.app[keys.LOCAL_ONLY]:
+        auth.check_local(request)
     if request.path not in auth.OPEN_PATHS:
         request[auth.OWNER] = request.app[keys.API_KEYS].owner(request.headers.get("Authorization"),
                                                               request.headers.get("x-api-key"))
@@ -245,6 +247,7 @@ def create_app(config: ServeConfig) -> web.Application:
     app[keys.API_KEYS] = api_keys = auth.ApiKeys.from_config(config.gateway)
     app[keys.WEBSOCKETS] = set()
     auth.warn_if_exposed(config.gateway, api_keys)
+    app[keys.LOCAL_ONLY] = auth.guards_origin(config.gateway, api_keys)
     app.cleanup_ctx.extend([worker_ctx, store_ctx, sessions_ctx])
     app.on_shutdown.append(drain)
     app.add_routes(openai_chat.routes)

@@ -7,7 +7,9 @@ Keys come from ``api_keys`` (``SPECGATE_API_KEYS=k1,k2``) and ``api_keys_file``
 WebSocket upgrade.  Each key has an owner id -- a prefix of its digest --
 that namespaces every session it creates; with no keys configured every
 client is the one owner ``anonymous``.  ``/health``, ``/ready`` and
-``/metrics`` stay open so balancers and scrapers need no key.
+``/metrics`` stay open so balancers and scrapers need no key.  With no keys on the
+loopback default, a request whose ``Origin`` or ``Host`` names another machine is refused
+(:func:`local_request`): a web page must not drive the server a developer runs locally.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from core.errors import ConfigError, Unauthorized
+from core.errors import ConfigError, ForeignOrigin, Unauthorized
 from gateway.serve_config import GatewayConfig
 
 log = structlog.get_logger("specgate.auth")
@@ -68,11 +70,34 @@ class ApiKeys:
         return "k" + digest[:16]
 
 
-def warn_if_exposed(cfg: GatewayConfig, keys: ApiKeys) -> None:
+def is_loopback(host: str) -> bool:
+    """``host`` (a name or an address, no port) is this machine's loopback."""
     try:
-        loopback = ipaddress.ip_address(cfg.host).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
-        loopback = cfg.host == "localhost"
+        return host.lower() in ("localhost", "localhost.")
+
+
+def host_of(value: str) -> str:
+    """The host part of a ``Host`` header or an ``Origin`` URL (without scheme and port)."""
+    rest = value.split("://", 1)[-1].split("/", 1)[0]
+    if rest.startswith("["):  # [::1]:8080
+        return rest[: rest.find("]") + 1]
+    return rest.rsplit(":", 1)[0] if rest.count(":") == 1 else rest
+
+
+def local_request(host: str | None, origin: str | None) -> bool:
+    """Whether a request to a keyless loopback server comes from this machine's own clients:
+    its ``Host`` (if any) names loopback, and so does its ``Origin`` (if any; browsers send
+    one with every cross-origin POST).  A web page elsewhere, or one that rebinds its own
+    name to 127.0.0.1, fails one of the two."""
+    if host and not is_loopback(host_of(host)):
+        return False
+    return origin is None or (origin != "null" and is_loopback(host_of(origin)))
+
+
+def warn_if_exposed(cfg: GatewayConfig, keys: ApiKeys) -> None:
+    loopback = is_loopback(cfg.host)
     if not loopback and not keys.enabled:
         log.warning("no_authentication", host=cfg.host,
                     message="serving on a non-loopback address with no API keys: anyone who can reach "
@@ -80,3 +105,16 @@ def warn_if_exposed(cfg: GatewayConfig, keys: ApiKeys) -> None:
 
 
 OWNER = web.RequestKey("owner", str)
+
+
+def guards_origin(cfg: GatewayConfig, keys: ApiKeys) -> bool:
+    """The keyless loopback default refuses web pages (``allow_foreign_origins`` lifts it):
+    a key a page cannot know protects a server with keys; a public bind chose exposure."""
+    return not keys.enabled and is_loopback(cfg.host) and not cfg.allow_foreign_origins
+
+
+def check_local(request: web.Request) -> None:
+    if not local_request(request.headers.get("Host"), request.headers.get("Origin")):
+        raise ForeignOrigin("this keyless server on loopback takes requests from this machine's clients only "
+                            f"(Origin {request.headers.get('Origin')!r}, Host {request.headers.get('Host')!r}); "
+                            "set API keys, or --allow-foreign-origins")

@@ -30,6 +30,7 @@ MANAGER = web.AppKey("manager", SessionManager)
 METRICS = web.AppKey("metrics", Metrics)
 RUNNER = web.AppKey("runner", TurnRunner)
 API_KEYS = web.AppKey("api_keys", ApiKeys)
+LOCAL_ONLY = web.AppKey("local_only", bool)  # keyless on loopback: refuse foreign Origin and Host (gateway/auth.py)
 WEBSOCKETS = web.AppKey("websockets", set[web.WebSocketResponse])  # open sockets, closed on drain
 REPLICA_ID = web.AppKey("replica_id", str)
 HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)  # proxies turns to a session's owner

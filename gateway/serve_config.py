@@ -37,6 +37,7 @@ class GatewayConfig:
     advertise_url: str = ""  # where other replicas reach this one; empty = http://host:port
     lease_ms: int = 15000  # a session lease's TTL in Redis, renewed while the replica keeps the session
     keepalive_s: float = 10.0  # a stream sends a keepalive (Anthropic ping, SSE comment) when this long quiet
+    allow_foreign_origins: bool = False  # keyless on loopback: also take requests from web pages (gateway/auth.py)
     keep_billing_header: bool = False  # keep Claude Code's per-conversation billing line (gateway/client_hints.py)
     limits: Limits = field(default_factory=Limits)
 

@@ -116,7 +116,8 @@ def error_of(resp: httpx.Response) -> tuple[int, str, str]:
 
 def test_bad_input_gets_precise_errors(gateway):
     url = gateway.base + "/v1/chat/completions"
-    assert error_of(httpx.post(url, content=b"{not json"))[:2] == (400, "invalid_request")
+    as_json = {"Content-Type": "application/json"}
+    assert error_of(httpx.post(url, content=b"{not json", headers=as_json))[:2] == (400, "invalid_request")
     assert error_of(httpx.post(url, content=b""))[:2] == (400, "invalid_request")
     status, code, msg = error_of(httpx.post(url, json={"messages": [{"role": "user", "content": "x"}],
                                                        "temperature": -1}))
@@ -227,3 +228,22 @@ def test_a_replayed_request_replaces_its_orphaned_first_copy(gateway):
     assert replay.status_code == 200, replay.text
     assert replay.json()["usage"]["completion_tokens"] == 2
     assert not any('"finish_reason":"length"' in line for line in rest)  # the first copy was cut short
+
+
+def test_web_pages_cannot_drive_the_keyless_loopback_default(gateway):
+    """What a page can send without a CORS preflight (text/plain), from its own origin or
+    through a name rebound to 127.0.0.1, is refused; this machine's clients are not."""
+    url = gateway.base + "/v1/chat/completions"
+    body = b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}'
+    as_json = {"Content-Type": "application/json"}
+    assert error_of(httpx.post(url, content=body, headers={"Content-Type": "text/plain"}))[:2] == \
+        (415, "unsupported_media_type")
+    for foreign in ({"Origin": "https://evil.example"}, {"Host": "evil.example:8080"}, {"Origin": "null"}):
+        assert error_of(httpx.post(url, content=body, headers={**as_json, **foreign}))[:2] == (403, "forbidden_origin")
+    assert httpx.get(gateway.base + "/v1/models", headers={"Host": "rebound.example"}).status_code == 403
+    assert httpx.get(gateway.base + "/v1/sessions/x/ws", headers={"Origin": "https://evil.example"}).status_code == 403
+    r = httpx.post(gateway.base + "/v1/messages", headers={**as_json, "Origin": "https://evil.example"},
+                   content=b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}')
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"  # in Anthropic's shape
+    local = httpx.post(url, content=body, headers={**as_json, "Origin": "http://localhost:3000"})
+    assert local.status_code == 200, local.text

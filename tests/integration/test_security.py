@@ -150,9 +150,10 @@ def test_tool_schemas_nested_1000_deep_get_413(gw):
         return ('{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":'
                 '{"name":"f","parameters":' + deep + "}}]}").encode()
 
-    r = httpx.post(gw.base + "/v1/chat/completions", headers=ALICE, content=body(400))
+    as_json = {**ALICE, "Content-Type": "application/json"}
+    r = httpx.post(gw.base + "/v1/chat/completions", headers=as_json, content=body(400))
     assert code(r) == (413, "request_too_large") and "max_tool_depth" in r.json()["error"]["message"]
-    r = httpx.post(gw.base + "/v1/chat/completions", headers=ALICE, content=body(1000))  # 2000 levels
+    r = httpx.post(gw.base + "/v1/chat/completions", headers=as_json, content=body(1000))  # 2000 levels
     assert code(r) == (400, "invalid_request") and "malformed JSON" in r.json()["error"]["message"]
 
 
