@@ -186,6 +186,8 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
         "specgate_store_errors": ("Failed metadata store writes (retried).", lambda: writer.failed_writes),
         "specgate_store_rejected_writes": ("Record writes refused: another replica owns the session.",
                                            lambda: writer.rejected_writes),
+        "specgate_store_dropped_writes": ("Records dropped for an error that is not an outage (logged).",
+                                          lambda: writer.dropped_writes),
     })
     scheduler.start()
     app[keys.REGISTRY].start(manager.held, manager.forget)

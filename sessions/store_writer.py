@@ -5,7 +5,8 @@ task writes the latest record of each session (a delete is a write too, so
 one that arrives during an outage is replayed, and a save queued before it
 cannot bring the session back).  After a failure the writer backs off --
 a circuit breaker that stops a hung or dead Redis from being hammered -- and
-retries until the store converges on the latest state.
+retries until the store converges on the latest state.  Any other error (a record the
+store cannot encode, a bug) drops that one record, logged, and the writer goes on.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class StoreWriter:
         self._failures = 0
         self.failed_writes = 0
         self.rejected_writes = 0
+        self.dropped_writes = 0  # records dropped for an error that is not an outage
         self.last_error: str | None = None
         self.open_until = 0.0  # circuit open: no attempts before this monotonic time
 
@@ -115,6 +117,10 @@ class StoreWriter:
             except StoreUnavailable as exc:
                 self._trip(str(exc))
                 continue
+            except Exception as exc:  # not an outage: retrying would fail the same way, so drop it and go on
+                self.dropped_writes += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.error("store_write_dropped", session_key=key, error=self.last_error)
             if self._pending.get(key, ...) is record:  # not replaced while it was being written
                 del self._pending[key]
                 async with self._written:

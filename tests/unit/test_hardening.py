@@ -175,3 +175,19 @@ async def test_store_writer_coalesces_replays_deletes_and_converges():
     assert await store.load("k:a") == {"v": 2} and await store.load("k:b") is None
     assert not writer.degraded and writer.failed_writes >= 1
     await writer.stop()
+
+
+async def test_the_store_writer_survives_a_record_it_cannot_write():
+    """An exception that is not an outage (here a record orjson cannot encode) drops that
+    record, logged, and the writer goes on: later records still land."""
+    store = MemoryStore(60)
+    writer = StoreWriter(store)
+    writer.start()
+    writer.save("k:bad", {"v": object()})
+    writer.save("k:good", {"v": 1})
+    assert await writer.flush(2)
+    assert await store.load("k:good") == {"v": 1} and await store.load("k:bad") is None
+    assert writer.dropped_writes == 1 and "TypeError" in (writer.last_error or "")
+    writer.save("k:later", {"v": 2})
+    assert await writer.flush(2) and await store.load("k:later") == {"v": 2}
+    await writer.stop()
