@@ -127,11 +127,14 @@ class SessionBusy(SpecGateError):
 
 
 class OwnedElsewhere(SpecGateError):
+    """The message names the session, not the replica (``replica_id``, for the proxy and the log)."""
+
     status = 409
     code = "session_owned_elsewhere"
 
-    def __init__(self, message: str, key: str, replica_id: str) -> None:
-        super().__init__(message)
+    def __init__(self, session_id: str, key: str, replica_id: str) -> None:
+        super().__init__(f"session {session_id!r} is served by another replica that could not be reached; "
+                         "retry shortly")
         self.key, self.replica_id = key, replica_id
 
 

@@ -116,7 +116,7 @@ class SessionManager:
                 return
             raise
         if holder is not None:
-            raise OwnedElsewhere(f"session {session_id!r} is served by replica {holder}", key, holder)
+            raise OwnedElsewhere(session_id, key, holder)
 
     # -- lifecycle -------------------------------------------------------------
     async def create(self, owner: str, session_id: str | None = None, implicit: bool = False) -> Session:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import orjson
 import redis.asyncio as aioredis
+import structlog
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -22,6 +23,8 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from core.errors import StoreUnavailable
+
+log = structlog.get_logger("specgate.store")
 
 KEY_PREFIX = "specgate:session:"
 LEASE_PREFIX = "specgate:lease:"
@@ -96,7 +99,9 @@ class RedisStore:
         self._save = self._redis.register_script(SAVE)
 
     def _fail(self, exc: Exception) -> StoreUnavailable:
-        return StoreUnavailable(f"session store (redis) unavailable: {exc}")
+        """What failed, for the client; where (Redis's address, in redis-py's message), for the log."""
+        log.warning("store_error", error=f"{type(exc).__name__}: {exc}")
+        return StoreUnavailable("the session store (redis) is unavailable; retry shortly")
 
     @property
     def client(self) -> aioredis.Redis:

@@ -104,6 +104,12 @@ class LocalRegistry:
         return None
 
 
+def _unavailable(exc: Exception) -> StoreUnavailable:
+    """What failed, for the client; where (Redis's address, in redis-py's message), for the log."""
+    log.warning("registry_error", error=f"{type(exc).__name__}: {exc}")
+    return StoreUnavailable("the session registry (redis) is unavailable; retry shortly")
+
+
 class RedisRegistry:
     def __init__(self, redis: Any, replica_id: str, advertise_url: str, lease_ms: int = 15000,
                  heartbeat_ms: int = 3000) -> None:
@@ -123,7 +129,7 @@ class RedisRegistry:
             owner = await self._claim(keys=[LEASE_PREFIX + key],
                                       args=[self.replica_id, self.lease_ms, REPLICA_PREFIX])
         except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"session registry (redis) unavailable: {exc}") from exc
+            raise _unavailable(exc) from exc
         return owner.decode() if owner else None
 
     async def take_over(self, key: str, dead: str) -> bool:
@@ -131,7 +137,7 @@ class RedisRegistry:
         try:
             return bool(await self._take_over(keys=[LEASE_PREFIX + key], args=[self.replica_id, dead, self.lease_ms]))
         except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"session registry (redis) unavailable: {exc}") from exc
+            raise _unavailable(exc) from exc
 
     async def address(self, replica_id: str) -> str | None:
         try:

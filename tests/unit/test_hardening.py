@@ -191,3 +191,23 @@ async def test_the_store_writer_survives_a_record_it_cannot_write():
     writer.save("k:later", {"v": 2})
     assert await writer.flush(2) and await store.load("k:later") == {"v": 2}
     await writer.stop()
+
+
+async def test_store_and_registry_errors_say_what_failed_not_where():
+    """A 503 tells the client the store is down, never the Redis host and port behind it
+    (logged instead); a 409 does not name the replica that owns a session."""
+    from core.errors import OwnedElsewhere
+    from gateway.error_responses import error_body
+    from sessions.metadata import RedisStore
+    from sessions.registry import RedisRegistry
+
+    store = RedisStore("redis://127.0.0.1:1/0", ttl_s=60, timeout_s=0.2)
+    registry = RedisRegistry(store.client, "replica-a", "http://127.0.0.1:9")
+    for call in (lambda: store.load("k:a"), lambda: registry.claim("k:a")):
+        with pytest.raises(StoreUnavailable) as caught:
+            await call()
+        status, body = error_body(caught.value)
+        assert status == 503 and "127.0.0.1" not in body["error"]["message"] and ":1" not in body["error"]["message"]
+    await store.close()
+    busy = OwnedElsewhere("s1", "k:s1", "replica-b")
+    assert "replica-b" not in error_body(busy)[1]["error"]["message"] and busy.replica_id == "replica-b"
