@@ -19,7 +19,7 @@ import structlog
 from core.config import DEFAULT_LIMITS, Limits
 from core.decoding import constraints
 from core.decoding.constraints import Constraint
-from core.errors import ConfigError, InvalidRequest
+from core.errors import ConfigError, InvalidRequest, RequestTooLarge
 from core.loader import override
 from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams, request_bounds
 from core.results import Result, Timings
@@ -150,6 +150,9 @@ def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limi
     tools = wire.parse_tools(body, limits)
     choice = wire.tool_choice(body.get("tool_choice"), tools)
     parallel = _typed(body, "parallel_tool_calls", bool, "a boolean") is not False
+    schema, _ = json_format(body.get("response_format"))
+    if schema is not None and wire.depth(schema, limits.max_tool_depth) > limits.max_tool_depth:
+        raise RequestTooLarge(f"the response_format schema nests deeper than {limits.max_tool_depth} (max_tool_depth)")
     constraint = output_constraint(tools, choice, parallel, body.get("response_format"))
     return ChatRequest(
         messages=wire.parse_messages(body.get("messages"), limits, n_ctx),

@@ -211,3 +211,20 @@ async def test_store_and_registry_errors_say_what_failed_not_where():
     await store.close()
     busy = OwnedElsewhere("s1", "k:s1", "replica-b")
     assert "replica-b" not in error_body(busy)[1]["error"]["message"] and busy.replica_id == "replica-b"
+
+
+@pytest.mark.parametrize("key", ["response_format", "text"])
+def test_output_schemas_get_the_tool_schema_depth_bound(key):
+    deep: dict = {"type": "string"}
+    for _ in range(40):
+        deep = {"type": "object", "properties": {"x": deep}}
+    if key == "response_format":
+        fmt = {"type": "json_schema", "json_schema": {"name": "d", "schema": deep}}
+        body = {"messages": ONE, "response_format": fmt}
+        call = lambda: protocol.parse_chat(body, TurnParams(), None, Limits(max_tool_depth=16))  # noqa: E731
+    else:
+        from gateway import openai_responses
+        body = {"input": "hi", "text": {"format": {"type": "json_schema", "name": "d", "schema": deep}}}
+        call = lambda: openai_responses.parse_body(body, [], TurnParams(), Limits(max_tool_depth=16), 4096)  # noqa: E731
+    with pytest.raises(RequestTooLarge, match="max_tool_depth"):
+        call()
