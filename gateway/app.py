@@ -219,8 +219,8 @@ async def drain(app: web.Application) -> None:
     for ws in tuple(sockets):
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
     flushed = await app[keys.WRITER].flush(min(5.0, cfg.drain_timeout_s))
+    await app[keys.REGISTRY].stop()  # first: a renewal after the release would claim the leases again
     released = await app[keys.REGISTRY].release(app[keys.MANAGER].held())  # other replicas take them now
-    await app[keys.REGISTRY].stop()
     log.info("drain_done", cancelled=cancelled, store_flushed=flushed, leases_released=released)
 
 

@@ -39,11 +39,16 @@ end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return false
 """
+# a lease that is gone (Redis restarted empty, or an outage outlasted it) is claimed again; only
+# one another replica holds means the session moved
 RENEW = """
 local lost = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[1] then
+  local cur = redis.call('GET', key)
+  if cur == ARGV[1] then
     redis.call('PEXPIRE', key, ARGV[2])
+  elseif not cur then
+    redis.call('SET', key, ARGV[1], 'PX', ARGV[2], 'NX')
   else
     table.insert(lost, key)
   end
@@ -155,7 +160,8 @@ class RedisRegistry:
 
     def start(self, held: Callable[[], list[str]], on_lost: Callable[[list[str]], None]) -> None:
         """``held()``: the keys of the sessions this replica keeps (their leases are renewed);
-        ``on_lost(keys)``: leases another replica took meanwhile."""
+        ``on_lost(keys)``: leases another replica took meanwhile (a lease that is simply gone
+        is claimed again)."""
         self._task = asyncio.create_task(self._beat(held, on_lost), name="specgate-registry")
 
     async def stop(self) -> None:

@@ -65,3 +65,23 @@ async def test_record_writes_need_the_lease_and_a_growing_version(redis_server):
     assert (await b.load("o:v"))["h"] == "a2"
     await a.close()
     await b.close()
+
+
+async def test_a_missing_lease_is_reclaimed_not_lost(redis_server):
+    """After a Redis restart (or an outage longer than the lease) a held session's lease is
+    simply gone: the renewal claims it again; only one another replica holds is lost."""
+    client = aioredis.from_url(redis_server.url)
+    a = RedisRegistry(client, "ma", "http://a", lease_ms=2000, heartbeat_ms=1000)
+    await a.claim("o:held")
+    await a.claim("o:taken")
+    await client.delete(LEASE_PREFIX + "o:held")  # as an emptied Redis would have it
+    await client.set(LEASE_PREFIX + "o:taken", "mb")
+    lost: list[list[str]] = []
+    a.start(lambda: ["o:held", "o:taken"], lost.append)
+    deadline = asyncio.get_running_loop().time() + 5
+    while not lost and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+    await a.stop()
+    assert lost == [["o:taken"]]
+    assert await client.get(LEASE_PREFIX + "o:held") == b"ma" and await client.pttl(LEASE_PREFIX + "o:held") > 1000
+    await client.aclose()
