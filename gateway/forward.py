@@ -13,8 +13,8 @@ conversation, and the session's record is replaced by it plus the new reply.
 An owner that dies after its answer started cannot be replayed behind the
 client's back: a non-streamed answer is read whole before anything is sent,
 so the client gets a clean 503 ``owner_lost`` (with ``Retry-After``; the
-balancer retries it too); a stream that already sent events ends with an
-in-band error event and ``[DONE]``, never a truncated body.  A proxied
+balancer retries it too); a stream that already sent events ends with its
+protocol's own error event (:class:`StreamTail`), never a truncated body.  A proxied
 request is never proxied again (a moving lease answers 409 instead), and a
 WebSocket is not proxied: its upgrade gets 409 ``session_owned_elsewhere``
 naming the owner.
@@ -22,14 +22,19 @@ naming the owner.
 
 from __future__ import annotations
 
+import contextlib
+import re
+from typing import Any
+
 import aiohttp
 import orjson
 import structlog
 from aiohttp import web
 
 from core.errors import OwnedElsewhere, OwnerLost
-from gateway import keys
-from gateway.error_responses import Handler, error_body
+from gateway import keys, sse
+from gateway.error_responses import ANTHROPIC_PATHS, Handler, anthropic_body, error_body
+from gateway.openai_responses import failed_events
 
 log = structlog.get_logger("specgate.forward")
 FORWARDED = "X-SpecGate-Forwarded"
@@ -95,20 +100,54 @@ async def _relay_stream(request: web.Request, upstream: aiohttp.ClientResponse,
                         headers: dict[str, str]) -> web.StreamResponse:
     resp = web.StreamResponse(status=upstream.status, headers=headers)
     await resp.prepare(request)
-    tail = b"\n\n"  # the last bytes relayed: an event boundary or not
+    tail = StreamTail(request.path)
     try:
         async for chunk in upstream.content.iter_any():
             await resp.write(chunk)
-            tail = (tail + chunk)[-2:]
+            tail.feed(chunk)
     except aiohttp.ClientError as exc:
         log.warning("owner_lost", streaming=True, error=str(exc))
-        _, err = error_body(OwnerLost("the replica serving this session stopped mid-stream; retry the "
-                                      "request (the session continues on a live replica)"))
-        boundary = b"" if tail == b"\n\n" else b"\n\n"
-        await resp.write(boundary + b"data: " + orjson.dumps(err) + b"\n\ndata: [DONE]\n\n")
+        await resp.write(tail.end(OwnerLost("the replica serving this session stopped mid-stream; retry the "
+                                            "request (the session continues on a live replica)")))
     await resp.write_eof()
     log.info("forwarded", to=str(upstream.url.origin()), status=upstream.status, streaming=True)
     return resp
+
+
+class StreamTail:
+    """What a relayed stream has said so far: enough to end it in its own protocol's words
+    when the owner dies mid-stream.  Anthropic clients act on ``event: error`` and ignore a bare
+    ``data:`` error; Responses clients wait for ``response.failed`` (numbered after the last
+    relayed event, on the response ``response.created`` announced); Chat ends with ``[DONE]``."""
+
+    _SEQ = re.compile(rb'"sequence_number":\s*(\d+)')
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.last = b"\n\n"  # the last two bytes relayed: at an event boundary or not
+        self.line = b""  # a Responses line not yet complete
+        self.shell: dict[str, Any] | None = None
+        self.seq = -1
+
+    def feed(self, chunk: bytes) -> None:
+        self.last = (self.last + chunk)[-2:]
+        if not self.path.startswith("/v1/responses"):
+            return
+        *lines, self.line = (self.line + chunk).split(b"\n")
+        for line in lines:
+            if m := self._SEQ.search(line):
+                self.seq = max(self.seq, int(m.group(1)))
+            if self.shell is None and b'"response.created"' in line and line.startswith(b"data: "):
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    self.shell = orjson.loads(line[6:]).get("response")
+
+    def end(self, exc: BaseException) -> bytes:
+        boundary = b"" if self.last == b"\n\n" else b"\n\n"
+        if self.path.startswith(ANTHROPIC_PATHS):
+            return boundary + sse.frame(anthropic_body(exc)[1], event="error")
+        if self.path.startswith("/v1/responses"):
+            return boundary + b"".join(failed_events(self.shell or {"object": "response"}, self.seq + 1, exc))
+        return boundary + sse.frame(error_body(exc)[1]) + sse.frame("[DONE]")
 
 
 async def tag_replica(request: web.Request, response: web.StreamResponse) -> None:

@@ -274,6 +274,21 @@ def _tool_choice(choice: Any) -> Any:
 
 
 # -- rendering -------------------------------------------------------------------------
+def failed_events(shell: dict[str, Any], seq: int, exc: BaseException) -> list[bytes]:
+    """``error`` then ``response.failed`` (numbered from ``seq``): how a Responses stream ends
+    when its turn fails after the stream started, here or on the replica it was relayed from."""
+    status, body = error_body(exc)
+    code, message = body["error"]["code"], body["error"]["message"]
+    # a failed response's code is one of the API's own; SpecGate's code rides on the error event
+    api_code = "rate_limit_exceeded" if status == 429 else "invalid_prompt" if status == 400 else "server_error"
+    failed = {**shell, "status": "failed", "error": {"code": api_code, "message": message}}
+    return [sse.frame({"type": "error", "sequence_number": seq, "code": code, "message": message, "param": None},
+                      event="error"),
+            sse.frame({"type": "response.failed", "sequence_number": seq + 1, "response": failed},
+                      event="response.failed")]
+
+
+
 class Builder:
     """One response's objects: its items, and the response object at each status."""
 
@@ -425,11 +440,9 @@ class ResponseEncoder:
         return [*out, self._event("response.completed", response=response)]
 
     def error(self, exc: BaseException) -> list[bytes]:
-        status, body = error_body(exc)
-        failed = {**self.b.shell("failed"), "error": {"code": body["error"]["code"],
-                                                     "message": body["error"]["message"]}}
-        return [self._event("error", code=body["error"]["code"], message=body["error"]["message"], param=None),
-                self._event("response.failed", response=failed)]
+        frames = failed_events(self.b.shell("failed"), self.seq, exc)
+        self.seq += len(frames)
+        return frames
 
     def keepalive(self) -> list[bytes]:
         return [sse.COMMENT]
