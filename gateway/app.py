@@ -129,7 +129,7 @@ async def sessions_ctx(app: web.Application) -> AsyncIterator[None]:
     cfg = config.gateway
     scheduler = FairAdmission(cfg.max_queue, config.engine.slots)
     parked = ParkedKV(cfg.kv_budget_mb << 20, cfg.kv_spill_dir or None, model_fingerprint(config),
-                      cfg.kv_spill_max_mb << 20)
+                      cfg.kv_spill_max_mb << 20, namespace=app[keys.REPLICA_ID])
     manager = SessionManager(app[keys.WORKER], app[keys.STORE], parked, scheduler, app[keys.WRITER],
                              cfg.limits, cfg.session_ttl_s, app[keys.REGISTRY], cfg.prefix_min_tokens,
                              cfg.implicit_min_share)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import struct
 import threading
 from collections import OrderedDict
@@ -67,10 +68,15 @@ def unframe(data: bytes, fingerprint: bytes) -> Blobs:
 
 class ParkedKV:
     def __init__(self, budget_bytes: int, spill_dir: str | None = None, fingerprint: bytes = b"\0" * 32,
-                 spill_budget_bytes: int = 8 << 30) -> None:
+                 spill_budget_bytes: int = 8 << 30, namespace: str = "") -> None:
+        """``namespace`` (the replica's id): spill files go in a folder of its own under
+        ``spill_dir``, so replicas that share one never remove each other's files."""
         self.budget = budget_bytes
         self.spill_budget = spill_budget_bytes
-        self.spill_dir = Path(spill_dir) if spill_dir else None
+        self.spill_dir = None
+        if spill_dir:
+            own = re.sub(r"[^A-Za-z0-9._-]", "_", namespace)
+            self.spill_dir = Path(spill_dir) / own if own.strip(".") else Path(spill_dir)
         self.fingerprint = hashlib.sha256(fingerprint).digest()
         self._ram: OrderedDict[str, Blobs] = OrderedDict()
         self._disk: OrderedDict[str, int] = OrderedDict()  # key -> file bytes, oldest first
@@ -87,11 +93,13 @@ class ParkedKV:
 
     @property
     def bytes_on_disk(self) -> int:
-        return sum(self._disk.values())
+        with self._lock:  # the metrics thread reads it while the model thread spills
+            return sum(self._disk.values())
 
     @staticmethod
     def _clear_stale(spill_dir: Path) -> None:
-        """Spill files of an earlier process: their sessions' token bookkeeping is gone."""
+        """Spill files of this replica's earlier process (its own folder only): their sessions'
+        token bookkeeping is gone."""
         stale = [*spill_dir.glob("*.kv"), *spill_dir.glob("*.partial")]
         for path in stale:
             path.unlink(missing_ok=True)

@@ -108,7 +108,9 @@ def test_path_traversal_and_odd_ids_are_refused(gw, spill_dir, tmp_path):
         assert httpx.get(f"{gw.base}/v1/sessions/{sid}", headers=ALICE).status_code == 400
     assert code(chat(gw, ALICE, "../../etc/passwd"))[0] == 400
     assert bait.read_text() == "keep me"
-    assert all(p.parent == spill_dir for p in spill_dir.rglob("*"))
+    own = gw.app[keys.PARKED].spill_dir  # the replica's own folder under the spill directory
+    assert own.parent == spill_dir and all(p.parent == own for p in own.rglob("*"))
+    assert [p for p in spill_dir.iterdir()] == [own]
 
 
 @pytest.mark.parametrize("extra, status", [
@@ -264,12 +266,12 @@ def test_idle_sessions_expire_from_memory_and_disk(tiny_target, tiny_speculator,
     try:
         for sid in ("old-1", "old-2"):
             assert chat(gw, {}, sid).status_code == 200  # the second parks (spills) the first
-        assert list(tmp_path.glob("*.kv")) and manager.live == 2
+        assert list(tmp_path.rglob("*.kv")) and manager.live == 2
         assert gw.call(sweep(60)) == 0 and manager.live == 2  # not idle long enough
         assert gw.call(sweep(601)) == 2
         deadline = time.monotonic() + 30  # the spill file goes in a job on the model thread
-        while list(tmp_path.glob("*.kv")) and time.monotonic() < deadline:
+        while list(tmp_path.rglob("*.kv")) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert manager.live == 0 and not list(tmp_path.glob("*.kv"))
+        assert manager.live == 0 and not list(tmp_path.rglob("*.kv"))
     finally:
         gw.stop()

@@ -228,3 +228,16 @@ def test_output_schemas_get_the_tool_schema_depth_bound(key):
         call = lambda: openai_responses.parse_body(body, [], TurnParams(), Limits(max_tool_depth=16), 4096)  # noqa: E731
     with pytest.raises(RequestTooLarge, match="max_tool_depth"):
         call()
+
+
+def test_replicas_sharing_a_spill_directory_keep_each_others_files(tmp_path):
+    """A replica starting up clears its own earlier process's spills, never another's."""
+    blobs = (b"t" * 200, b"s" * 100)
+    a = ParkedKV(100, str(tmp_path), namespace="host-8081")  # a tiny RAM budget: everything spills
+    a.put("k:s1", blobs)
+    a.put("k:s2", blobs)
+    ParkedKV(100, str(tmp_path), namespace="host-8082")  # another replica starts on the same directory
+    assert a.take("k:s1") == blobs
+    again = ParkedKV(100, str(tmp_path), namespace="host-8081")  # a's own restart clears a's leftovers
+    assert a.take("k:s2") is None and again.spill_dir == tmp_path / "host-8081"
+    assert ParkedKV(100, str(tmp_path), namespace="../x").spill_dir == tmp_path / ".._x"  # a name, never a path
