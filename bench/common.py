@@ -1,4 +1,4 @@
-"""What every benchmark result carries: the machine, the model files, and progress output."""
+"""What every benchmark result carries: the commit and command, the machine, the model files, and\nprogress output."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from core.llama import model_files
-from core.machine import cpu_model
+from core.machine import cpu_flags, cpu_model, source_commit
 
 
 def machine() -> dict[str, Any]:
@@ -22,7 +22,12 @@ def machine() -> dict[str, Any]:
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     import llama_cpp
     return {"cpu": cpu, "cores": os.cpu_count(), "mem_gib": round(mem_gib, 1), "python": platform.python_version(),
-            "platform": platform.platform(), "llama_cpp_python": llama_cpp.__version__}
+            "platform": platform.platform(), "llama_cpp_python": llama_cpp.__version__, "cpu_flags": cpu_flags()}
+
+
+def provenance() -> dict[str, Any]:
+    """The code and the command a result came from."""
+    return {"commit": source_commit(), "command": [Path(sys.argv[0]).name, *sys.argv[1:]]}
 
 
 def model_info(path: str) -> dict[str, Any]:
@@ -37,7 +42,7 @@ def model_info(path: str) -> dict[str, Any]:
 
 def write_result(path: Path, scenario: str, payload: dict[str, Any], models: dict[str, str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"scenario": scenario, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    doc = {"scenario": scenario, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **provenance(),
            "machine": machine(), "models": {k: model_info(v) for k, v in models.items()}, **payload}
     path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     progress(f"wrote {path}")

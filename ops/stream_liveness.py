@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import httpx
+
+from bench.common import machine, provenance
 
 SKIPPED = {"host", "content-length", "connection", "accept-encoding"}
 
@@ -52,8 +53,7 @@ def replay(base: str, fixture: Path) -> dict:
             "first_token_s": round(first_token, 1) if first_token else None,
             "max_gap_s": round(max(gaps), 2) if gaps else None,
             "pings": sum(kind in ("ping", "comment") for _, kind in arrivals), "events": len(arrivals),
-            "arrivals": [(round(t, 2), kind) for t, kind in arrivals], "machine": platform.processor() or
-            platform.machine()}
+            "arrivals": [(round(t, 2), kind) for t, kind in arrivals], **provenance(), "machine": machine()}
 
 
 def main() -> None:

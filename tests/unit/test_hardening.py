@@ -241,3 +241,20 @@ def test_replicas_sharing_a_spill_directory_keep_each_others_files(tmp_path):
     again = ParkedKV(100, str(tmp_path), namespace="host-8081")  # a's own restart clears a's leftovers
     assert a.take("k:s2") is None and again.spill_dir == tmp_path / "host-8081"
     assert ParkedKV(100, str(tmp_path), namespace="../x").spill_dir == tmp_path / ".._x"  # a name, never a path
+
+
+def test_a_result_names_the_commit_it_came_from(tmp_path):
+    import subprocess
+
+    from core.machine import source_commit
+
+    here = source_commit()
+    assert len(here.split("+")[0]) == 40 and all(c in "0123456789abcdef" for c in here.split("+")[0])
+    assert source_commit(tmp_path) == "unknown"  # not a checkout
+    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    (tmp_path / "f").write_text("1")
+    for args in (["init", "-q"], ["add", "f"], ["commit", "-qm", "x"]):
+        subprocess.run([*git, *args], cwd=tmp_path, check=True)
+    clean = source_commit(tmp_path)
+    (tmp_path / "f").write_text("2")
+    assert source_commit(tmp_path) == clean + "+dirty"
