@@ -31,11 +31,13 @@ async def begin(request: web.Request, req: ChatRequest, session: Session | None 
         session = await runner.session_for(request[OWNER], req.session_id)
     elif session is None:
         session, prompt = await runner.conversation_for(request[OWNER], req, keep)
+    request_id = request.headers.get("X-Request-Id")
     if prompt is None:  # rendered and checked now: a prompt over the context is a 400 before any byte of stream
+        if session is not None:  # a busy session's 409 costs the model thread nothing
+            request.app[keys.MANAGER].check_free(session, request_id)
         prompt = await request.app[keys.MANAGER].render(down(req, request[OWNER]))
     log.info("request_start", stream=req.stream, n_messages=len(req.messages), tools=bool(req.tools),
              path=request.path, implicit=session is not None and session.implicit, prompt_n=len(prompt))
-    request_id = request.headers.get("X-Request-Id")
     try:
         return runner.start(req, session, request[OWNER], request_id, prompt)
     except SessionBusy:

@@ -275,11 +275,16 @@ class SessionManager:
     # -- turns -----------------------------------------------------------------
     def claim(self, session: Session, cancel: threading.Event, request_id: str | None = None) -> None:
         """Mark the session's one running turn (synchronously: no await between check and set)."""
+        self.check_free(session)
+        session.state, session.cancel, session.request_id = SessionState.RUNNING, cancel, request_id
+
+    def check_free(self, session: Session, request_id: str | None = None) -> None:
+        """Refuse a turn on a deleted or busy session -- before any model-thread work for it.  A
+        busy session running an earlier copy of ``request_id`` passes (see :meth:`replace_replayed`)."""
         if session.state is SessionState.DELETED:
             raise SessionNotFound(f"unknown session {session.id!r}")
-        if session.state is SessionState.RUNNING:
+        if session.state is SessionState.RUNNING and (request_id is None or session.request_id != request_id):
             raise SessionBusy(f"session {session.id!r} already has a turn running; wait for it or cancel it")
-        session.state, session.cancel, session.request_id = SessionState.RUNNING, cancel, request_id
 
     async def replace_replayed(self, session: Session, request_id: str | None, timeout_s: float = 30.0) -> bool:
         """The running turn is an earlier copy of request ``request_id`` (a balancer replayed

@@ -124,7 +124,9 @@ def test_a_damaged_spill_file_rebuilds_and_an_unwritable_spill_dir_fails_nobody(
         keep = {"specprefill": {"mass": 1.0}}
         first = chat(gw.base, "a", a, **keep).json()
         chat(gw.base, "b", [{"role": "user", "content": "Other."}], **keep)  # parks a: spilled (budget 0)
-        (path,) = spill.glob("*.kv")
+        own = gw.app[keys.PARKED].spill_dir  # this replica's folder under the spill directory
+        assert own is not None and own.parent == spill
+        (path,) = own.glob("*.kv")
         path.write_bytes(path.read_bytes()[:-100])  # truncated
         a2 = [*a, first["choices"][0]["message"], {"role": "user", "content": "How long?"}]
         second = chat(gw.base, "a", a2, **keep).json()
@@ -133,10 +135,10 @@ def test_a_damaged_spill_file_rebuilds_and_an_unwritable_spill_dir_fails_nobody(
         assert second["choices"][0]["message"] == fresh["choices"][0]["message"]  # nothing silently lost
         assert "specgate_spill_rejected_total 1.0" in httpx.get(gw.base + "/metrics").text
 
-        for p in spill.iterdir():
+        for p in own.iterdir():
             p.unlink()
-        spill.rmdir()
-        spill.write_text("not a directory")  # every spill write now fails
+        own.rmdir()
+        own.write_text("not a directory")  # every spill write now fails
         assert chat(gw.base, "b", [{"role": "user", "content": "Other."}, {"role": "assistant", "content": "x"},
                                    {"role": "user", "content": "More."}], **keep).status_code == 200
         third = chat(gw.base, "a", [*a2, second["choices"][0]["message"], {"role": "user", "content": "Ok."}],
