@@ -81,12 +81,12 @@ def test_spill_to_disk_restores_without_rebuild(small_model, tmp_path):
         assert not second["timings"]["kv_rebuilt"] and second["timings"]["cache_n"] > 0
         chat(gw, [{"role": "user", "content": "Other again."}], b)  # a goes back to disk
         assert httpx.get(f"{gw.base}/v1/sessions/{a}").json()["kv"] == "disk"
-        assert len(list(tmp_path.glob("*.kv"))) == 1
+        assert len(list(tmp_path.rglob("*.kv"))) == 1
         assert httpx.delete(f"{gw.base}/v1/sessions/{a}").status_code == 200
         deadline = time.monotonic() + 30  # the delete's drop runs on the model thread
-        while list(tmp_path.glob("*.kv")) and time.monotonic() < deadline:
+        while list(tmp_path.rglob("*.kv")) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert list(tmp_path.glob("*.kv")) == []
+        assert list(tmp_path.rglob("*.kv")) == []
         again = chat(gw, [{"role": "user", "content": doc(1) + " Which pump?"}], a)  # the same id, anew
         assert again["timings"]["cache_n"] == 0 and not again["timings"]["kv_rebuilt"]
     finally:
