@@ -150,10 +150,10 @@ def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limi
     tools = wire.parse_tools(body, limits)
     choice = wire.tool_choice(body.get("tool_choice"), tools)
     parallel = _typed(body, "parallel_tool_calls", bool, "a boolean") is not False
-    schema, _ = json_format(body.get("response_format"))
+    schema, wants_json = json_format(body.get("response_format"))
     if schema is not None and wire.depth(schema, limits.max_tool_depth) > limits.max_tool_depth:
         raise RequestTooLarge(f"the response_format schema nests deeper than {limits.max_tool_depth} (max_tool_depth)")
-    constraint = output_constraint(tools, choice, parallel, body.get("response_format"))
+    constraint = output_constraint(tools, choice, parallel, schema, wants_json)
     return ChatRequest(
         messages=wire.parse_messages(body.get("messages"), limits, n_ctx),
         tools=tools,
@@ -181,15 +181,15 @@ def _hint(body: dict[str, Any], header_hint: str | None) -> str | None:
 
 
 def output_constraint(tools: tuple[dict[str, Any], ...] | None, choice: str, parallel: bool,
-                      response_format: Any) -> Constraint | None:
-    """What the reply is held to.  A forced call (``required`` or a named function) wins over
+                      schema: dict[str, Any] | None, wants_json: bool) -> Constraint | None:
+    """What the reply is held to (``schema``, ``wants_json``: the parsed ``response_format``,
+    :func:`json_format`).  A forced call (``required`` or a named function) wins over
     ``response_format``, which then applies to the reply after the tool results; with tools
     on ``auto`` the reply is the JSON answer or calls; a call the model starts on its own
     must name an offered tool with valid arguments -- unless a tool's schema cannot be
     compiled, which never fails an ``auto`` request: its reply is then parsed unconstrained
     (``required``, a named function and ``response_format`` stay enforced, or a 400)."""
     syntax = constraints.SYNTAXES["qwen"]  # the family tool_calls.parse reads
-    schema, wants_json = json_format(response_format)
     offered = list(tools or ())
     if offered and choice != "auto":  # required, or one named function
         forced = constraints.tool_call(offered, choice, parallel, syntax)
