@@ -1,5 +1,5 @@
 """A prefill longer than a proxy's idle timeout keeps its stream alive: a real HAProxy with
-``timeout server 2s`` in front of ``specgate serve`` (tiny models, keepalives every 0.4 s),
+``timeout server 1s`` in front of ``specgate serve`` (tiny models, keepalives every 0.25 s),
 and a prompt whose prefill takes several times that.  Without the keepalives HAProxy would
 cut the stream after 2 s of silence; with them every protocol's stream ends whole, and the
 server log shows the prefill's progress.  (At full scale: ops/stream_liveness.py, a 60 s
@@ -18,16 +18,17 @@ import pytest
 
 from tests.support import ServerProcess, free_port
 
-TIMEOUT_S = 2.0
-KEEPALIVE_S = 0.4
-WORDS = "the build log shows a warning in module alpha then a retry in module beta " * 450  # ~6.8K tokens
+TIMEOUT_S = 1.0
+KEEPALIVE_S = 0.25
+# ~13.6K tokens: a dense prefill that outlasts 2 x TIMEOUT_S even on this kind's fastest machines (3-4x EPYC)
+WORDS = "the build log shows a warning in module alpha then a retry in module beta " * 900
 
 
 @pytest.fixture(scope="module")
 def proxied(tiny_target: Path, tiny_speculator: Path, tmp_path_factory):
     if shutil.which("haproxy") is None:
         pytest.fail("haproxy not installed: run ops/test.sh, which installs it")
-    server = ServerProcess(tiny_target, tiny_speculator, "--n-ctx", "8192", "--keepalive-s", str(KEEPALIVE_S),
+    server = ServerProcess(tiny_target, tiny_speculator, "--n-ctx", "16384", "--keepalive-s", str(KEEPALIVE_S),
                            "--progress-log-s", "0.5", "--enabled", "false")  # dense: the slowest prefill
     port = free_port()
     cfg = tmp_path_factory.mktemp("haproxy") / "haproxy.cfg"
@@ -97,12 +98,12 @@ def test_a_long_prefill_keeps_its_stream_alive_through_haproxy(proxied, path, bo
 
 @pytest.mark.parametrize("path, body, words", [
     ("/v1/messages", {"model": "m", "max_tokens": 8, "stream": True}, "prompt is too long: "),
-    ("/v1/chat/completions", {"stream": True}, "maximum context length is 8191 tokens"),
-    ("/v1/responses", {"stream": True, "store": False}, "maximum context length is 8191 tokens"),
+    ("/v1/chat/completions", {"stream": True}, "maximum context length is 16383 tokens"),
+    ("/v1/responses", {"stream": True, "store": False}, "maximum context length is 16383 tokens"),
 ])
 def test_a_streamed_prompt_over_the_context_is_a_400_before_any_stream(proxied, path, body, words):
     _, server = proxied
-    text = WORDS * 2  # ~13.6K tokens against an 8K context
+    text = WORDS * 2  # ~27K tokens against a 16K context
     payload = {**body, "input": text} if path == "/v1/responses" else \
         {**body, "messages": [{"role": "user", "content": text}]}
     r = httpx.post(server.base + path, json=payload, timeout=60)
@@ -111,6 +112,6 @@ def test_a_streamed_prompt_over_the_context_is_a_400_before_any_stream(proxied, 
     assert words in error["message"]
     if path == "/v1/messages":
         assert r.json()["type"] == "error" and error["type"] == "invalid_request_error"
-        assert error["message"].endswith("tokens > 8191 maximum")
+        assert error["message"].endswith("tokens > 16383 maximum")
     else:
         assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
