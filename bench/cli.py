@@ -15,8 +15,8 @@ from typing import Any
 
 from core.config import EngineConfig
 from core.errors import ConfigError
-from core.llama import model_files
 from core.loader import build
+from core.models import model_files
 from core.policies import PrefillPolicy
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",

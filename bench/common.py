@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from core.llama import model_files
 from core.machine import cpu_flags, cpu_model, source_commit
+from core.models import model_files
 
 
 def machine() -> dict[str, Any]:

@@ -86,7 +86,7 @@ def engines(target: str, repeats: int) -> dict[str, Any]:
     import llama_cpp
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    from core.decoding import constraints
+    from core import constraints
     from core.decoding.guided import Guide
     from core.llama.model import Model
 

@@ -2,15 +2,15 @@
 
 The tests run on them (fast, real tokenizer), the benches use them for the
 gateway-overhead scenario, and the evals as layer-truncated scorers; they share
-one cache with the server's early scorers (core.llama.scorer_cuts).
+one cache with the server's early scorers (core.models.scorer_cuts).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from core.llama import model_files
-from core.llama.scorer_cuts import cut
+from core.models import model_files
+from core.models.scorer_cuts import cut
 
 
 def derived(n_blocks: int, spec: model_files.ModelSpec = model_files.SPECULATOR) -> Path:

@@ -11,9 +11,9 @@ from cli.prefill import engine_config
 from core import corpus
 from core.decoding import layer_map
 from core.errors import ConfigError
-from core.llama import prefill_settings
 from core.llama.model import Model
-from core.llama.scorer_cuts import scoring_model
+from core.models import prefill_settings
+from core.models.scorer_cuts import scoring_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill", type=int, default=0, metavar="TOKENS",
                         help="instead of the layer map: time each model's prefill of TOKENS tokens with flash "
                              "attention on and off and store the faster, which --target-flash-attn auto and "
-                             "--attention-capture auto use (core/llama/prefill_settings.py)")
+                             "--attention-capture auto use (core/models/prefill_settings.py)")
     parser.add_argument("--out", default=None, help="where to write the map (default: next to the models, "
                                                     "keyed by both sha256, where the gateway looks)")
 

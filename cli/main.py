@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_fetch(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from core.llama.model_files import fetch_all
+    from core.models.model_files import fetch_all
     fetch_all(args.names or None, Path(args.models_dir) if args.models_dir else None)
     return 0
 

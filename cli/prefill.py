@@ -13,8 +13,8 @@ from core.chat import ChatTemplate
 from core.config import EngineConfig
 from core.engine import Engine
 from core.errors import InvalidRequest
-from core.llama.model_files import with_default_models
 from core.loader import build, override
+from core.models.model_files import with_default_models
 from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams
 from core.prompt import Prompt
 from core.results import Result

@@ -47,8 +47,8 @@ async def serve(config: ServeConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core.llama.model_files import with_default_models
     from core.loader import build, override
+    from core.models.model_files import with_default_models
     from gateway.logs import configure
     from gateway.serve_config import ServeConfig
 

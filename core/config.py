@@ -15,7 +15,7 @@ from core.policies import Scorer
 
 KV_LAYOUTS = ("split", "unified")  # see core/llama/context.py
 CAPTURES = ("auto", "flash", "softmax")  # see core/llama/capture.py
-FLASH_ATTN = ("auto", "on", "off")  # see core/llama/prefill_settings.py
+FLASH_ATTN = ("auto", "on", "off")  # see core/models/prefill_settings.py
 KV_CACHE_TYPES = ("f16", "q8_0")  # see core/llama/context.py
 KV_ELEMENT_BYTES = {"f16": 2.0, "q8_0": 34 / 32}  # bytes per cached element
 
@@ -47,7 +47,7 @@ class EngineConfig:
     progress_log_s: float = 10.0  # a long prefill logs its progress (tokens done, rate, time left) this often
     scoring_window: int = 2048  # the scoring model prefills long prompts with each token attending to the first
     # 64 and the last this many cells (core/scoring_window.py); the scored rows still see all; 0 = off
-    scorer: str = "speculator-q4_0"  # the model that scores prompts (core/llama/scorer_cuts.py): the speculator
+    scorer: str = "speculator-q4_0"  # the model that scores prompts (core/models/scorer_cuts.py): the speculator
     # re-quantized to Q4_0 (scored 1.5x faster and kept every answer, results/scorers.md); speculator-full, the
     # file as given; speculator-early:R, target-early:R -- the first R blocks of either model
 

@@ -2,7 +2,7 @@
 
     prompt -> plan (guards, break-even) -> score -> select -> prefill -> decode
 
-A turn is a generator (:meth:`Engine.turn`, see core.runtime.steps) over one slot --
+A turn is a generator (:meth:`Engine.turn`, see core.steps) over one slot --
 one sequence id in each model's context -- so the step loop (core.runtime.step_loop)
 can batch several turns' tokens; :meth:`Engine.run` runs one turn alone.  All
 methods run on the caller's thread; the gateway calls them only from the model
@@ -26,32 +26,32 @@ from core.decoding.decode import Generation, OnText, generate
 from core.decoding.specattn import SparseVerify, layer_weights
 from core.decoding.speculative import SpeculativeDecoder
 from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong
-from core.llama import model_files, prefill_settings
-from core.llama.capture import make_capture
-from core.llama.context import Context
-from core.llama.model import Model
-from core.llama.scorer_cuts import scoring_model
-from core.loader import override
-from core.policies import DecodeMode, DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams
-from core.prompt import Prompt
-from core.results import Result, Timings
-from core.runtime.steps import TurnSteps, drive
-from core.scoring_window import ScoringWindow
-from core.session_kv import (
+from core.kv.positions import (
     SessionKV,
     SpeculatorSync,
     cached_indices,
-    common_prefix,
 )
-from core.slot_kv import SlotKV
+from core.kv.slot_state import SlotKV
+from core.llama.capture import make_capture
+from core.llama.context import Context
+from core.llama.model import Model
+from core.loader import override
+from core.models import model_files, prefill_settings
+from core.models.scorer_cuts import scoring_model
+from core.policies import DecodeMode, DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams
+from core.prompt import Prompt
+from core.results import Result, Status, Timings
+from core.scoring_window import ScoringWindow
+from core.spans import common_prefix, runs
 from core.specprefill import guard as tool_guard
 from core.specprefill import planner
 from core.specprefill.content import ContentKind, content_kind
 from core.specprefill.cost_model import Costs, Work
 from core.specprefill.prefill import sparse_prefill
 from core.specprefill.scoring import importance
-from core.specprefill.selection import bridge_gaps, forced_mask, runs, select_tokens
+from core.specprefill.selection import bridge_gaps, forced_mask, select_tokens
 from core.speculator import Speculator, rollback
+from core.steps import TurnSteps, drive
 
 KIND_SAMPLE = 4096  # tokens read to tell code from logs and prose (core.specprefill.content)
 
@@ -60,7 +60,7 @@ class Engine:
     """Owns both models and their contexts, each with ``config.slots`` sequences.
 
     ``speculator`` is the scoring model: the speculator itself, its Q4_0 copy, or an
-    early-layer cut of either model (``config.scorer``, core.llama.scorer_cuts)."""
+    early-layer cut of either model (``config.scorer``, core.models.scorer_cuts)."""
 
     def __init__(self, config: EngineConfig) -> None:
         if config.n_ctx == 0:  # built without with_default_models: the target's trained context
@@ -130,7 +130,7 @@ class Engine:
     # -- measurement --------------------------------------------------------
     def calibrate(self, n_tokens: int) -> None:
         """Seed the cost functions (see :func:`core.startup.calibrate`)."""
-        startup.calibrate(self, n_tokens)
+        startup.calibrate(self.target_ctx, self.speculator_ctx, self.costs, self._calls, n_tokens)
 
     def prefill_seconds(self, ctx: Context, n: int, pos: int) -> float:
         """What ``n`` more tokens after ``pos`` cost in ``ctx`` in one call, by the measured costs."""
@@ -251,7 +251,7 @@ class Engine:
             self.costs.observe_selection(len(delta) - n_dense, int(kept.size) - n_dense, int(kept.size),
                                          len(runs(kept)), decision.kind)
             if kept.size == len(delta):
-                t.specprefill, t.specprefill_reason = planner.Status.KEPT_ALL.value, "selection kept every token"
+                t.specprefill, t.specprefill_reason = Status.KEPT_ALL.value, "selection kept every token"
         t.prompt_n, t.kept_runs = int(kept.size), len(runs(kept))
         gen = yield from self.prefill_and_decode(kv, delta, kept, params, on_text, t, tokens, slot)
         t.ttft_ms = t.scoring_ms + t.prompt_ms + gen.first_token_s * 1e3

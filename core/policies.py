@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.decoding.constraints import Constraint
+from core.constraints import Constraint
 from core.errors import ConfigError
 from core.loader import flat_fields
 from core.loader import one_of as _one_of
@@ -52,7 +52,7 @@ _SCORER = re.compile(r"^(speculator-full|speculator-q4_0)$|^(speculator-early|ta
 
 @dataclass(slots=True, frozen=True)
 class Scorer:
-    """Which model scores prompts (``EngineConfig.scorer``; the files: core.llama.scorer_cuts)."""
+    """Which model scores prompts (``EngineConfig.scorer``; the files: core.models.scorer_cuts)."""
 
     kind: ScorerKind = ScorerKind.SPECULATOR_Q4_0
     blocks: int = 0  # the early scorers' R: the first R transformer blocks
@@ -169,7 +169,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int = 0
     stop: tuple[str, ...] = ()
-    constraint: Constraint | None = None  # forced calls or a JSON reply (core.decoding.constraints)
+    constraint: Constraint | None = None  # forced calls or a JSON reply (core.constraints)
 
     def __post_init__(self) -> None:
         _require(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")

@@ -10,13 +10,24 @@ all print what it returns.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from core.policies import DecodeMode
-from core.specprefill.planner import Status
+
+
+class Status(enum.StrEnum):
+    """What SpecPrefill did with a turn's prompt (the ``specprefill`` timing)."""
+
+    DISABLED = "disabled"
+    SKIPPED_MIN_TOKENS = "skipped_min_tokens"
+    SKIPPED_TOOL_GUARD = "skipped_tool_guard"
+    SKIPPED_BREAK_EVEN = "skipped_break_even"
+    KEPT_ALL = "kept_all"
+    ACTIVE = "active"
 
 
 @dataclass(slots=True)
@@ -70,7 +81,7 @@ class Timings:
     prefix_shared_n: int = 0  # target tokens this session started from a shared prefix (cache or resident session)
     prefix_built_n: int = 0  # system-prompt tokens this turn prefilled into the prefix cache
     decode_mode: str = DecodeMode.PLAIN.value
-    constraint: str = ""  # what the reply was held to (core.decoding.constraints kinds); "" when free
+    constraint: str = ""  # what the reply was held to (core.constraints kinds); "" when free
     grammar_ms: float = 0.0
     mask_ms: float = 0.0
     constraint_fallback: str = ""  # the decode mode asked for, when a constraint made it decode plainly

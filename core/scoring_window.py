@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from core.llama.context import Context, Seq
-from core.runtime.steps import Tokens, TurnSteps
+from core.steps import Tokens, TurnSteps
 
 SINKS = 64  # the first cells every token keeps attending to (attention sinks)
 

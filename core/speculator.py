@@ -10,22 +10,21 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from core.llama.capture import AttentionCapture
-from core.llama.context import Context, Seq
-from core.results import Timings
-from core.runtime.steps import Tokens, TurnSteps
-from core.scoring_window import ScoringWindow
-from core.session_kv import (
+from core.kv.positions import (
     SeqState,
     SessionKV,
     SpeculatorSync,
     cached_indices,
-    common_prefix,
     plan_speculator_sync,
 )
+from core.llama.capture import AttentionCapture
+from core.llama.context import Context, Seq
+from core.results import Timings
+from core.scoring_window import ScoringWindow
+from core.spans import common_prefix, runs
 from core.specprefill.cost_model import Costs
 from core.specprefill.prefill import sparse_prefill
-from core.specprefill.selection import runs
+from core.steps import Tokens, TurnSteps
 
 
 def rollback(seq: Seq, kv: SeqState, n_keep: int) -> None:
@@ -47,7 +46,7 @@ class Speculator:
 
     def plan_sync(self, kv: SessionKV, tokens: Sequence[int]) -> SpeculatorSync:
         """How the speculator reaches ``tokens`` for scoring: as it is, or rebuilt as the
-        target's mirror when that is cheaper by the measured costs (core.session_kv)."""
+        target's mirror when that is cheaper by the measured costs (core.kv.positions)."""
         return plan_speculator_sync(kv.speculator, kv.target, tokens, self.costs.speculator.seconds, self.calls,
                                     self.costs.speculator.bridge_s)
 
@@ -57,7 +56,7 @@ class Speculator:
         """Prefill the speculator's missing tokens without capture (a request to the step
         loop), then capture the last prompt token's row and ``lookahead`` greedy steps:
         [n_layer, n_head, n] each, one column per logical token (zero where the speculator
-        holds no cell, see core.session_kv).  The captured steps run inline: the capture
+        holds no cell, see core.kv.positions).  The captured steps run inline: the capture
         hook must see this sequence's row alone."""
         seq, n, kv = self.ctx.seq(slot), len(tokens), kv_all.speculator
         t0 = time.perf_counter()

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from core.config import EngineConfig, kv_cache_bytes
 from core.errors import ConfigError, EngineError, VocabMismatch
+from core.llama.context import Context, Seq
 from core.llama.model import Model
 from core.machine import available_bytes
-
-if TYPE_CHECKING:
-    from core.engine import Engine
-    from core.llama.context import Seq
+from core.specprefill.cost_model import Costs
 
 VOCAB_PROBE = "SpecGate probe: fn get_weather(city) -> {\"temp\": 21.5} 東京 ✓"
 CALIBRATION_TEXT = (
@@ -43,16 +41,18 @@ def check_memory(config: EngineConfig, target: Model, speculator: Model) -> None
                           f"{have // mib} MiB of memory is available: lower --slots or --n-ctx")
 
 
-def calibrate(engine: Engine, n_tokens: int) -> None:
+def calibrate(target_ctx: Context, speculator_ctx: Context, costs: Costs, calls: Callable[[int], int],
+              n_tokens: int) -> None:
     """Seed the cost functions: both models' prefill of ``n_tokens``, the speculator's
     one-token step after it, what one K-shift costs each context (a step after a
     moved cell, less a plain step) and what moving a label costs per cell, each timed
-    twice and the faster kept (other load only ever slows a run down).  Every real prefill
+    twice and the faster kept (other load only ever slows a run down); ``calls(n)``: the
+    llama_decode calls a prefill of ``n`` tokens takes.  Every real prefill
     and step refines them (core.specprefill.cost_model)."""
     text = CALIBRATION_TEXT * (n_tokens // 20 + 2)
-    tokens = engine.target.tokenize(text, add_special=False)[:n_tokens]
+    tokens = target_ctx.model.tokenize(text, add_special=False)[:n_tokens]
     n = len(tokens)
-    for ctx, cost in ((engine.speculator_ctx, engine.costs.speculator), (engine.target_ctx, engine.costs.target)):
+    for ctx, cost in ((speculator_ctx, costs.speculator), (target_ctx, costs.target)):
         ctx.clear()
         ctx.decode(tokens[:32], 0)  # the first decode pages the mmap'd weights in
         prefill, step, shifted = float("inf"), float("inf"), float("inf")
@@ -68,11 +68,11 @@ def calibrate(engine: Engine, n_tokens: int) -> None:
             ctx.decode([tokens[1]], n + 2)
             prefill, step = min(prefill, t1 - t0), min(step, t2 - t1)
             shifted = min(shifted, time.perf_counter() - t3)
-        cost.observe(n, 0, engine._calls(n), prefill)
+        cost.observe(n, 0, calls(n), prefill)
         cost.shift_s = max(0.0, shifted - step)
         cost.move_s_per_cell = move_cost(ctx.seq(0), n + 2)  # the prefill, the step and the shifted step
-        if ctx is engine.speculator_ctx:
-            engine.costs.speculator_step.observe(1, n, 1, step)
+        if ctx is speculator_ctx:
+            costs.speculator_step.observe(1, n, 1, step)
         ctx.clear()
 
 

@@ -3,7 +3,7 @@ this they would be silently left out of the prompt, and the model would never se
 
 The section is the Hermes/Qwen form llama-server also falls back to, in the call syntax the
 gateway parses and constrains (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``,
-:data:`core.decoding.constraints.SYNTAXES`); an assistant's earlier calls are written back in
+:data:`core.constraints.SYNTAXES`); an assistant's earlier calls are written back in
 that same syntax, so the history reads as the model would have written it.
 """
 
@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from core.decoding.constraints import SYNTAXES
+from core.constraints import SYNTAXES
 
 SYNTAX = SYNTAXES["qwen"]
 PROBE_NAME = "specgate_probe_tool_7f3a"  # a name no template writes unless it renders the tools it is given

@@ -21,15 +21,15 @@ import numpy as np
 from bench.common import progress, write_result
 from bench.derived_models import derived
 from core.config import EngineConfig
-from core.llama import model_files
-from core.llama.scorer_cuts import requantized
+from core.kv.positions import SessionKV
+from core.models import model_files
+from core.models.scorer_cuts import requantized
 from core.policies import PrefillPolicy, SamplingParams, Selection, TurnParams
 from core.prompt import Prompt
 from core.results import Timings
-from core.runtime.steps import drive
-from core.session_kv import SessionKV
 from core.specprefill.scoring import importance
 from core.specprefill.selection import select_tokens
+from core.steps import drive
 from evals import tasks as eval_tasks
 from evals.scorer_adoption import adoption
 

@@ -41,7 +41,7 @@ from core.decoding.specattn import layer_weights, select_cells
 from core.llama.capture import AttentionCapture, QKCapture
 from core.llama.context import VIEW_SEQ, Context
 from core.llama.model import Model
-from core.specprefill.selection import runs
+from core.spans import runs
 
 SINKS = 4
 PAGE = 16
@@ -195,7 +195,7 @@ def run_specattn(args: Any) -> dict:
     from bench import plots
     from bench.common import progress, write_result
     from core.config import EngineConfig
-    from core.llama.model_files import with_default_models
+    from core.models.model_files import with_default_models
     from evals import specattn_decode
 
     cfg = with_default_models(EngineConfig(scorer="speculator-full"))  # drafts with the file as fetched

@@ -18,9 +18,9 @@ from bench.common import progress
 from core import corpus
 from core.config import EngineConfig
 from core.engine import Engine
+from core.kv.positions import SessionKV
 from core.llama.context import VIEW_SEQ
 from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams
-from core.session_kv import SessionKV
 
 DOCUMENT = "stdlib:argparse.py"
 QUESTION = "\n\nExplain what the code above does, step by step."

@@ -40,9 +40,9 @@ from gateway.metrics import Metrics
 from gateway.serve_config import GatewayConfig, ServeConfig
 from gateway.turns import TurnRunner
 from sessions.admission import FairAdmission
+from sessions.kv.parked import ParkedKV
 from sessions.manager import SessionManager
 from sessions.metadata import RedisStore, open_store
-from sessions.parked_kv import ParkedKV
 from sessions.registry import LocalRegistry, RedisRegistry
 from sessions.store_writer import StoreWriter
 

@@ -12,9 +12,9 @@ from gateway.metrics import Metrics
 from gateway.serve_config import ServeConfig
 from gateway.turns import TurnRunner
 from sessions.admission import FairAdmission
+from sessions.kv.parked import ParkedKV
 from sessions.manager import SessionManager
 from sessions.metadata import MetadataStore
-from sessions.parked_kv import ParkedKV
 from sessions.registry import Registry
 from sessions.store_writer import StoreWriter
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import structlog
 
+from core import constraints
 from core.config import DEFAULT_LIMITS, Limits
-from core.decoding import constraints
-from core.decoding.constraints import Constraint
+from core.constraints import Constraint
 from core.errors import ConfigError, InvalidRequest, RequestTooLarge
 from core.loader import override
 from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams, request_bounds

@@ -14,10 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from core.llama import model_files
 from core.llama.backend import init_backend
 from core.llama.context import Context
 from core.llama.model import Model
+from core.models import model_files
 
 TEXT = Path(__file__).resolve().parent.parent / "core" / "texts" / "specprefill_guide.txt"
 

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 from bench.common import write_result
-from core.llama import model_files
 from core.llama.backend import init_backend
 from core.llama.context import Context
 from core.llama.model import Model
+from core.models import model_files
 
 TEXT = "The harbour log records each ship, its cargo, its berth and the hour it left. "
 

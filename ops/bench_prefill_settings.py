@@ -13,10 +13,10 @@ import sys
 import time
 
 from bench.textgen import source_code
-from core.llama import model_files
 from core.llama.backend import init_backend
 from core.llama.context import Context
 from core.llama.model import Model
+from core.models import model_files
 
 SETTINGS = {"fa512": (True, 512, "f16"), "fa1024": (True, 1024, "f16"), "fa2048": (True, 2048, "f16"),
             "nofa512": (False, 512, "f16"), "q8": (True, 512, "q8_0")}  # (flash attention, n_ubatch, KV type)

@@ -21,12 +21,12 @@ import numpy as np
 from bench.common import write_result
 from core import corpus
 from core.config import EngineConfig
-from core.llama import model_files
 from core.llama.context import Context
 from core.llama.model import Model
-from core.runtime.steps import drive
+from core.models import model_files
+from core.spans import runs
 from core.specprefill.prefill import sparse_prefill
-from core.specprefill.selection import runs
+from core.steps import drive
 
 OUT = Path("results/bench/bridge_cost.json")
 

@@ -15,8 +15,8 @@ import orjson
 
 from core.config import EngineConfig
 from core.engine import Engine
-from core.llama import model_files
 from core.loader import override
+from core.models import model_files
 from core.policies import TurnParams
 
 TASK = [{"role": "user", "content": "Write a Python function that parses an ISO 8601 date string and returns "

@@ -31,7 +31,7 @@ def sse(event: str | None, data: Any) -> bytes:
 
 
 def anthropic_stream(model: str) -> list[bytes]:
-    msg = {"id": "msg_rec", "type": "message", "role": "assistant", "model": model, "content": [],
+    msg: dict[str, Any] = {"id": "msg_rec", "type": "message", "role": "assistant", "model": model, "content": [],
            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 0}}
     events = [("message_start", {"type": "message_start", "message": msg}),
               ("content_block_start", {"type": "content_block_start", "index": 0,
@@ -54,12 +54,12 @@ def anthropic_message(model: str) -> dict[str, Any]:
 def responses_stream(model: str) -> list[bytes]:
     base = {"id": "resp_rec", "object": "response", "created_at": int(time.time()), "model": model,
             "status": "in_progress", "output": [], "usage": None}
-    item = {"type": "message", "id": "msg_rec", "status": "completed", "role": "assistant",
+    item: dict[str, Any] = {"type": "message", "id": "msg_rec", "status": "completed", "role": "assistant",
             "content": [{"type": "output_text", "text": REPLY, "annotations": []}]}
     done = {**base, "status": "completed", "output": [item],
             "usage": {"input_tokens": 1, "output_tokens": 2, "total_tokens": 3,
                       "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
-    events = [{"type": "response.created", "response": base},
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": base},
               {"type": "response.output_item.added", "output_index": 0, "item": {**item, "status": "in_progress",
                                                                                  "content": []}},
               {"type": "response.output_text.delta", "item_id": "msg_rec", "output_index": 0, "content_index": 0,

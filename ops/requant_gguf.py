@@ -4,7 +4,7 @@
 
 A measurement aid (results/planner.md, "Where the speculator's time goes"); the server's
 ``--scorer speculator-q4_0`` writes and caches the same Q4_0 copy itself
-(core.llama.scorer_cuts).  Q8_0 keeps the values to 1/254 of a block's range; Q4_0
+(core.models.scorer_cuts).  Q8_0 keeps the values to 1/254 of a block's range; Q4_0
 rounds the speculator's 5-bit weights to 4 bits, so it changes the model a little.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from core.llama.scorer_cuts import requantize_blocks
+from core.models.scorer_cuts import requantize_blocks
 
 if __name__ == "__main__":
     requantize_blocks(sys.argv[1], sys.argv[2], sys.argv[3])

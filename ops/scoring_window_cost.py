@@ -14,11 +14,11 @@ import sys
 import time
 
 from bench.textgen import source_code
-from core.llama import model_files
 from core.llama.backend import init_backend
 from core.llama.context import Context
 from core.llama.model import Model
-from core.llama.scorer_cuts import scoring_model
+from core.models import model_files
+from core.models.scorer_cuts import scoring_model
 from core.scoring_window import view_spans
 
 

@@ -7,7 +7,7 @@ session continues the conversation its tokens match
 session's lifecycle, lease (:mod:`sessions.registry`), TTL and record: the
 metadata and full history go to the store (Redis) through the
 :class:`StoreWriter`, off the reply path.  Where each session's KV lives is the
-model thread's business (:class:`~sessions.residency.Residency`); the table
+model thread's business (:class:`~sessions.kv.residency.Residency`); the table
 queues its KV drops there (:meth:`SessionManager._drop_kv`).
 
 One turn per session at a time: a second concurrent turn gets 409.  Delete
@@ -37,18 +37,18 @@ from core.errors import (
 )
 from core.prompt import Prompt
 from core.runtime.worker import ModelWorker
-from core.session_kv import common_prefix
+from core.spans import common_prefix
 from core.turn_request import TurnRequest
 from sessions.admission import FairAdmission
 from sessions.conversations import ConversationIndex
 from sessions.ids import check_id, session_key
+from sessions.kv.parked import ParkedKV
+from sessions.kv.prefixes import PrefixCache
+from sessions.kv.residency import Residency, TurnOutcome
+from sessions.kv.slot_table import SlotTable
 from sessions.metadata import MetadataStore
-from sessions.parked_kv import ParkedKV
-from sessions.prefix_cache import PrefixCache
 from sessions.registry import LocalRegistry, Registry
-from sessions.residency import Residency, TurnOutcome
 from sessions.session import IMPLICIT_PREFIX, KVLocation, Session, SessionState
-from sessions.slots import SlotTable
 from sessions.store_writer import StoreWriter
 
 if TYPE_CHECKING:

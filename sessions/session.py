@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.session_kv import SessionKV
+from core.kv.positions import SessionKV
 from sessions.ids import session_key
 
 IMPLICIT_PREFIX = "conv-"  # the ids of sessions the server makes (20 hex digits follow)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.llama import model_files
+from core.models import model_files
 from tests.support import RedisServer, engine_config, real_model, start_gateway, tiny
 
 

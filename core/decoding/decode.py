@@ -1,4 +1,5 @@
-"""Decoding: llama.cpp's sampler chain, stop strings, and the per-token loop."""
+"""Decoding: sampling (a grammar's mask, then the sampler chain), stop strings, and the
+per-token loop."""
 
 from __future__ import annotations
 
@@ -7,51 +8,37 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import llama_cpp
-
 from core.decoding.guided import Guide
 from core.decoding.stop import StopMatcher
 from core.llama.context import Context, Seq
 from core.llama.model import Model
+from core.llama.sampler import SamplerChain
 from core.policies import SamplingParams
-from core.runtime.steps import Tokens, TurnSteps
+from core.steps import Tokens, TurnSteps
 
 # Called with each new piece of text; return False to stop generating (client gone, cancel).
 OnText = Callable[[str], bool]
 
 
 class Sampler:
-    """A llama.cpp sampler chain built from SamplingParams (greedy at temperature 0)."""
+    """The sampler chain, behind the grammar's mask when the reply is constrained."""
 
     def __init__(self, params: SamplingParams, model: Model | None = None) -> None:
         # a constrained reply masks the logits first (core.decoding.guided); only plain decoding does
         self.guide = Guide(model, params.constraint) if params.constraint is not None and model else None
-        chain_params = llama_cpp.llama_sampler_chain_default_params()
-        self._ptr = llama_cpp.llama_sampler_chain_init(chain_params)
-        add = lambda s: llama_cpp.llama_sampler_chain_add(self._ptr, s)  # noqa: E731
-        if params.temperature <= 0.0:
-            add(llama_cpp.llama_sampler_init_greedy())
-        else:
-            if params.top_k > 0:
-                add(llama_cpp.llama_sampler_init_top_k(params.top_k))
-            if params.top_p < 1.0:
-                add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-            add(llama_cpp.llama_sampler_init_temp(params.temperature))
-            add(llama_cpp.llama_sampler_init_dist(params.seed & 0xFFFFFFFF))
+        self.chain = SamplerChain(params)
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
         """From the logits of batch index ``idx`` of the context's last batch."""
         if self.guide is not None:
-            self.guide.mask(ctx.ptr, idx)
-        tok = int(llama_cpp.llama_sampler_sample(self._ptr, ctx.ptr, idx))
+            self.guide.mask(ctx.logits_view(idx))
+        tok = self.chain.sample(ctx, idx)
         if self.guide is not None:
             self.guide.accept(tok)
         return tok
 
     def close(self) -> None:
-        if self._ptr:
-            llama_cpp.llama_sampler_free(self._ptr)
-            self._ptr = None
+        self.chain.close()
 
 
 @dataclass(slots=True)
@@ -118,7 +105,7 @@ def generate(seq: Seq, n_past: int, params: SamplingParams, on_text: OnText | No
              idx: int = -1) -> TurnSteps[Generation]:
     """Sample from the logits already in the context (batch index ``idx``; the prompt's
     last position is ``n_past - 1``) until EOG, a stop string, ``max_tokens`` or the
-    callback says stop.  Each new token is a one-token request (see core.runtime.steps)."""
+    callback says stop.  Each new token is a one-token request (see core.steps)."""
     sampler = Sampler(params, seq.model)
     stream = TextStream(seq.model, params, on_text)
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """Constrained decoding on the model thread: llguidance masks the logits of one reply.
 
 The vocabulary is read once per model (about 2 s for Qwen's 151K tokens) and
-kept; each reply compiles its :class:`~core.decoding.constraints.Constraint` into a
+kept; each reply compiles its :class:`~core.constraints.Constraint` into a
 matcher (milliseconds), and every constrained token costs one mask (tens of
 microseconds) plus writing ``-inf`` over the banned logits in place, before
 llama.cpp's sampler chain reads them.  A lazy constraint stays off until the
@@ -15,10 +15,9 @@ import time
 import warnings
 from typing import Any
 
-import llama_cpp
 import numpy as np
 
-from core.decoding.constraints import Constraint
+from core.constraints import Constraint
 from core.errors import InvalidRequest
 
 _tokenizers: dict[int, Any] = {}  # id(model vocab) -> LLTokenizer
@@ -60,14 +59,13 @@ class Guide:
         self.mask_s = 0.0
         self.kind = constraint.kind
 
-    def mask(self, ctx_ptr: Any, idx: int) -> None:
-        """Ban, in the context's logits for batch index ``idx``, every token the grammar forbids."""
+    def mask(self, logits: np.ndarray) -> None:
+        """Ban, in ``logits`` (a context's, in place), every token the grammar forbids."""
         if not self.armed:
             return
         t0 = time.perf_counter()
         self.matcher.unsafe_compute_mask_ptr(self.bits.ctypes.data, self.bits.nbytes)
         allowed = np.unpackbits(self.bits.view(np.uint8), count=self.n_vocab, bitorder="little").view(bool)
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx_ptr, idx), shape=(self.n_vocab,))
         np.copyto(logits, -np.inf, where=~allowed)
         self.mask_s += time.perf_counter() - t0
 

@@ -25,7 +25,7 @@ from core.errors import ConfigError
 from core.llama.capture import AttentionCapture
 from core.llama.context import Context
 from core.llama.model import Model
-from core.llama.model_files import cached_sha256, models_dir
+from core.models.model_files import cached_sha256, models_dir
 
 
 @dataclass(slots=True, frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.specprefill.selection import runs
+from core.spans import runs
 
 
 def top_p_threshold(attn: np.ndarray, p: float, rounds: int = 10, scale: str = "log",

@@ -10,7 +10,7 @@ committed to the target's sequence; the full cache is never touched.
 
 Bookkeeping: ``positions[i]`` is the target KV position of logical token i (-1
 when a sparse prefill dropped it); the draft holds logical token i at position
-i, all of them or (mirroring the target, core.session_kv) the prompt tokens
+i, all of them or (mirroring the target, core.kv.positions) the prompt tokens
 ``held`` and everything after; ``pending`` are tokens the draft has not decoded
 yet.  Draft attention columns are its cells, in logical order.
 """
@@ -30,7 +30,7 @@ from core.llama.capture import AttentionCapture
 from core.llama.context import Seq
 from core.policies import SamplingParams
 from core.results import SpeculativeStats
-from core.runtime.steps import TurnSteps
+from core.steps import TurnSteps
 
 DraftReady = Callable[[], tuple[list[int], int, list[int]]]  # pending, their position, prompt tokens held
 

@@ -94,7 +94,7 @@ class FlashCapture(AttentionCapture):
 
 
 def make_capture(kind: str, n_layer: int) -> AttentionCapture:
-    """``kind``: ``flash`` or ``softmax`` (see core.llama.prefill_settings.scoring_capture)."""
+    """``kind``: ``flash`` or ``softmax`` (see core.models.prefill_settings.scoring_capture)."""
     return FlashCapture(n_layer) if kind == "flash" else AttentionCapture(n_layer)
 
 

@@ -185,10 +185,15 @@ class Context:
 
     def logits_at(self, i: int) -> np.ndarray:
         """Logits of the i-th token of the last batch (a copy)."""
+        return self.logits_view(i).copy()
+
+    def logits_view(self, i: int) -> np.ndarray:
+        """Logits of the i-th token of the last batch, in place: what a grammar masks before
+        the sampler reads them.  Valid until the next decode."""
         ptr = llama_cpp.llama_get_logits_ith(self._ptr, i)
         if not ptr:
             raise EngineError(f"no logits for batch index {i}")
-        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
 
     @property
     def ptr(self) -> llama_cpp.llama_context_p:

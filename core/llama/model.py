@@ -8,7 +8,7 @@ import llama_cpp
 
 from core.errors import ModelFileError
 from core.llama.backend import init_backend
-from core.llama.model_files import validate_gguf
+from core.llama.gguf_file import validate_gguf
 
 
 class Model:

@@ -39,7 +39,7 @@ import structlog
 
 from core.errors import TurnCancelled
 from core.runtime.chunk_budget import ChunkBudget
-from core.runtime.steps import Tokens, TurnSteps, Wait
+from core.steps import Tokens, TurnSteps, Wait
 
 if TYPE_CHECKING:  # contexts are llama.cpp's: only the model thread makes them
     from core.llama.context import Context

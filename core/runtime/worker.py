@@ -1,7 +1,7 @@
 """The model worker: the one thread that touches the engine (and so llama.cpp).
 
 The event loop hands it work through a queue, as llama.cpp's server hands
-tasks to its slots: a *turn* (a generator, see core.runtime.steps) joins the step loop
+tasks to its slots: a *turn* (a generator, see core.steps) joins the step loop
 (core.runtime.step_loop) and is batched with the other turns; a *call* (parking a
 session's KV, a delete, a lookup) runs whole between two steps.  HTTP code
 never holds a context.
@@ -23,7 +23,7 @@ import structlog
 from core.config import EngineConfig
 from core.errors import EngineError
 from core.runtime.step_loop import Job, StepLoop, StepStats
-from core.runtime.steps import TurnSteps
+from core.steps import TurnSteps
 
 if TYPE_CHECKING:  # the engine (llama.cpp) loads on the model thread, not when the gateway is imported
     from core.engine import Engine

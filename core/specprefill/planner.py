@@ -9,22 +9,13 @@ this machine (core.specprefill.cost_model), never constants.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from core.policies import PrefillPolicy
+from core.results import Status
 from core.specprefill.content import ContentKind
 from core.specprefill.cost_model import Costs, Work, estimate
 from core.specprefill.guard import GuardVerdict
-
-
-class Status(enum.StrEnum):
-    DISABLED = "disabled"
-    SKIPPED_MIN_TOKENS = "skipped_min_tokens"
-    SKIPPED_TOOL_GUARD = "skipped_tool_guard"
-    SKIPPED_BREAK_EVEN = "skipped_break_even"
-    KEPT_ALL = "kept_all"
-    ACTIVE = "active"
 
 
 @dataclass(slots=True, frozen=True)

@@ -21,15 +21,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from core.llama.context import Seq
-from core.runtime.steps import Tokens, TurnSteps
-from core.specprefill.selection import runs
+from core.spans import runs
+from core.steps import Tokens, TurnSteps
 
 
 def sparse_prefill(seq: Seq, tokens: Sequence[int], kept: np.ndarray, mode: str,
                    base_pos: int, relabel: bool = False) -> TurnSteps[tuple[int, int]]:
     """Prefill ``tokens[kept]``; ``base_pos`` is the position of ``tokens[0]`` and
     the sequence must end at ``base_pos - 1`` (or be empty).  Each run is one request
-    (core.runtime.steps), the last one keeping its logits.  Returns the next position and the
+    (core.steps), the last one keeping its logits.  Returns the next position and the
     batch index of those logits.
 
     A bridge moves a cell by a K-shift, or with ``relabel`` by its position label alone

@@ -102,14 +102,6 @@ def select_tokens(scores: np.ndarray, params: Selection,
     return np.flatnonzero(token_mask)
 
 
-def runs(indices: np.ndarray) -> list[tuple[int, int]]:
-    """Contiguous [start, end) runs of sorted indices."""
-    if indices.size == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(indices) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    ends = np.concatenate((breaks, [indices.size]))
-    return [(int(indices[s]), int(indices[e - 1]) + 1) for s, e in zip(starts, ends, strict=False)]
 
 
 def bridge_gaps(indices: np.ndarray, max_gap: int) -> np.ndarray:

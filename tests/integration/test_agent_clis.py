@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from core.llama import model_files
+from core.models import model_files
 from tests.support import ServerProcess, real_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from core.llama import model_files
+from core.models import model_files
 from tests.support import real_model, start_gateway
 
 pytestmark = pytest.mark.real

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from core.llama import model_files
+from core.models import model_files
 
 NEEDLE = ("Alpha beta gamma. " * 80) + "The vault code is 7781. " + ("Delta epsilon. " * 80) + "What is the vault code?"
 
@@ -82,7 +82,7 @@ def test_calibrate_writes_a_monotone_map_the_engine_loads(tiny_target, tiny_spec
     from core.engine import Engine
     from core.errors import ConfigError
     from core.llama.model import Model
-    from core.llama.scorer_cuts import requantized
+    from core.models.scorer_cuts import requantized
 
     out_path = tmp_path / "map.json"
     doc_path = tmp_path / "doc.txt"

@@ -11,9 +11,9 @@ from core.engine import Engine
 from core.errors import EmptyPrompt, EngineError, ModelFileError, PromptTooLong, TurnCancelled, VocabMismatch
 from core.policies import SamplingParams
 from core.prompt import Prompt
-from core.runtime.steps import drive
 from core.specprefill.cost_model import PrefillCost
 from core.specprefill.prefill import sparse_prefill
+from core.steps import drive
 from tests.support import forced, policy, with_sampling
 
 GREEDY = SamplingParams(max_tokens=8)

@@ -11,10 +11,10 @@ from core.llama.capture import AttentionCapture, FlashCapture
 from core.llama.context import Context
 from core.llama.model import Model
 from core.policies import Selection
-from core.runtime.steps import drive
 from core.specprefill.prefill import sparse_prefill
 from core.specprefill.scoring import importance
 from core.specprefill.selection import select_tokens
+from core.steps import drive
 
 N_UBATCH = 64  # so the prompts below span several ubatches
 # Layer 0 reads the same queries and keys in both contexts, so its rows must agree to float

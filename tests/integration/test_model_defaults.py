@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.config import EngineConfig, kv_cache_bytes
-from core.llama import model_files
 from core.llama.model import Model
 from core.loader import override
+from core.models import model_files
 
 
 def test_metadata_sizes_the_kv_cache_as_the_loaded_model_does(tiny_target: Path, small_model: Path):

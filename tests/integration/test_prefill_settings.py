@@ -1,4 +1,4 @@
-"""Flash attention chosen by measurement (core.llama.prefill_settings, ``specgate
+"""Flash attention chosen by measurement (core.models.prefill_settings, ``specgate
 calibrate --prefill``) on the tiny models, with the settings folder in a temporary
 models directory."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from core.llama import prefill_settings
 from core.llama.model import Model
+from core.models import prefill_settings
 from tests.support import engine_config
 
 

@@ -10,7 +10,7 @@ import asyncio
 import httpx
 import pytest
 
-from core.llama import model_files
+from core.models import model_files
 from tests.support import real_model, start_gateway
 
 KEYS = ("key-a", "key-b")

@@ -10,7 +10,7 @@ import pytest
 from core.chat import ChatTemplate
 from core.config import EngineConfig
 from core.engine import Engine
-from core.llama import model_files
+from core.models import model_files
 from core.policies import SamplingParams
 from tests.support import forced, real_model, with_sampling
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from core.chat import ChatTemplate
-from core.runtime.steps import drive
+from core.kv.positions import SessionKV
 from core.scoring_window import SINKS
-from core.session_kv import SessionKV
+from core.steps import drive
 from tests.support import forced, with_sampling
 
 from .test_session_engine import GREEDY, doc

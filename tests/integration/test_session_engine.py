@@ -7,12 +7,13 @@ import contextlib
 import numpy as np
 
 from core.chat import ChatTemplate
+from core.kv.positions import SessionKV, cached_indices
 from core.policies import SamplingParams
 from core.prompt import Prompt
 from core.results import Timings
-from core.runtime.steps import drive
-from core.session_kv import SessionKV, cached_indices, common_prefix
+from core.spans import common_prefix
 from core.specprefill.cost_model import PrefillCost
+from core.steps import drive
 from tests.support import forced, with_sampling
 
 GREEDY = SamplingParams(max_tokens=6)

@@ -10,8 +10,8 @@ import copy
 import numpy as np
 import pytest
 
+from core.kv.positions import SessionKV
 from core.policies import SamplingParams
-from core.session_kv import SessionKV
 from tests.support import forced, policy, with_sampling
 
 PLAIN = policy(enabled=False)

@@ -15,7 +15,7 @@ from core.engine import Engine
 from core.errors import TurnCancelled
 from core.policies import SamplingParams
 from core.runtime.step_loop import Job, StepLoop
-from core.runtime.steps import Wait
+from core.steps import Wait
 from tests.support import engine_config, policy, with_sampling
 
 QUESTIONS = ("Name three primary colours.", "What is the capital of France?",

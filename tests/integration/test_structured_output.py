@@ -15,7 +15,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from core.llama import model_files
+from core.models import model_files
 from tests.support import real_model, start_gateway
 
 

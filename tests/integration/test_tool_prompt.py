@@ -48,7 +48,7 @@ def test_two_claude_code_conversations_share_their_system_prompt_and_tools_on_to
     """Two recorded conversations (billing lines ``.b7f`` and ``.ccf``), as the gateway parses and
     renders them: their tokens agree up to the first user message; with the billing line kept
     they part within the first few tokens."""
-    from core.session_kv import common_prefix
+    from core.spans import common_prefix
     from tests.unit.test_client_requests import parse, recorded
 
     def tokens(name: str, keep: bool) -> tuple[tuple[int, ...], int]:

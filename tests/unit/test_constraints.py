@@ -6,7 +6,7 @@ from __future__ import annotations
 import llguidance
 import pytest
 
-from core.decoding import constraints
+from core import constraints
 from core.errors import InvalidRequest
 from core.policies import TurnParams
 from gateway import messages, protocol, tool_calls

@@ -14,8 +14,8 @@ from gateway.auth import ANONYMOUS, ApiKeys
 from gateway.messages import depth
 from gateway.serve_config import GatewayConfig
 from sessions.ids import check_id
+from sessions.kv.parked import HEADER, ParkedKV, frame, unframe
 from sessions.metadata import MemoryStore
-from sessions.parked_kv import HEADER, ParkedKV, frame, unframe
 from sessions.store_writer import StoreWriter
 
 ONE = [{"role": "user", "content": "x"}]

@@ -4,13 +4,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from core.kv.positions import SeqState, cached_indices, plan_speculator_sync
 from core.policies import PrefillPolicy
 from core.prompt import Prompt, Span
-from core.session_kv import SeqState, cached_indices, plan_speculator_sync
+from core.results import Status
 from core.specprefill.content import ContentKind
 from core.specprefill.cost_model import Costs, PrefillCost, Work, attended, estimate, features
 from core.specprefill.guard import GuardVerdict, inspect, keyword_hits, scan_spans
-from core.specprefill.planner import Status, plan
+from core.specprefill.planner import plan
 
 CLEAR = GuardVerdict(False)
 def linear(per_token: float) -> PrefillCost:
@@ -226,7 +227,7 @@ def test_one_contended_measurement_does_not_teach_the_planner_that_scoring_is_de
     assert dirty.seconds(8000, 0, 16) == pytest.approx(clean.seconds(8000, 0, 16), rel=0.02)  # plain LSQ: 7.6% off
 
 
-# -- the speculator mirroring the target (core.session_kv.plan_speculator_sync) ----------
+# -- the speculator mirroring the target (core.kv.positions.plan_speculator_sync) ----------
 
 def sparse_session(n_history: int, kept_every: int) -> tuple[SeqState, SeqState]:
     """A session after one active turn: the speculator holds all ``n_history`` tokens, the

@@ -3,11 +3,11 @@ from dataclasses import replace
 import numpy as np
 
 from core.policies import Selection
+from core.spans import runs
 from core.specprefill.selection import (
     cap_chunks,
     chunk_means,
     forced_mask,
-    runs,
     select_by_fraction,
     select_by_mass,
     select_tokens,
@@ -80,7 +80,8 @@ def test_runs():
 
 
 def test_bridge_gaps_fills_short_gaps_only():
-    from core.specprefill.selection import bridge_gaps, runs
+    from core.spans import runs
+    from core.specprefill.selection import bridge_gaps
 
     kept = np.array([0, 1, 2, 10, 11, 40, 41, 42, 44])
     bridged = bridge_gaps(kept, 8)

@@ -9,9 +9,9 @@ import pytest
 from core.errors import QueueFull, StoreUnavailable
 from core.prompt import Prompt, Span
 from sessions.admission import FairAdmission
+from sessions.kv.parked import ParkedKV
+from sessions.kv.prefixes import PrefixCache, prefix_end
 from sessions.metadata import MemoryStore, RedisStore
-from sessions.parked_kv import ParkedKV
-from sessions.prefix_cache import PrefixCache, prefix_end
 
 
 def test_parked_kv_lru_budget_and_drop():

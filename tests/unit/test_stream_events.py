@@ -20,7 +20,7 @@ from core.policies import TurnParams
 from core.results import Result, Timings
 from gateway import anthropic_messages, openai_chat, openai_responses, protocol, tool_calls
 
-TOOLS = [{"type": "function", "function": {"name": n, "description": "", "parameters": {
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": n, "description": "", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}} for n in ("get_weather", "get_time")]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris, France"}}\n</tool_call>'
 CALL2 = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Tokyo"}}\n</tool_call>'

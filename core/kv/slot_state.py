@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from core.kv.positions import SessionKV, dense_prefix
 from core.llama.context import Context
-from core.runtime.steps import Tokens, TurnSteps
-from core.session_kv import SessionKV, dense_prefix
 from core.specprefill.cost_model import Costs
+from core.steps import Tokens, TurnSteps
 
 
 class SlotKV:

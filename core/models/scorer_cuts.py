@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
-from core.llama import model_files
+from core.llama.gguf_file import validate_gguf
+from core.models import model_files
 from core.policies import Scorer, ScorerKind
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
@@ -105,7 +106,7 @@ def derived_dir() -> Path:
 def _cached(src: str | Path, suffix: str, write: Callable[[Path, Path], Path], sha256: str) -> Path:
     """A derived copy of ``src``, written once by ``write(src, dst)`` and cached under a name
     that carries the source's hash (``sha256`` when the caller already knows it)."""
-    src = model_files.validate_gguf(src)  # a bad file gets the error the engine gives any model file
+    src = validate_gguf(src)  # a bad file gets the error the engine gives any model file
     sha = sha256 or model_files.cached_sha256(src)
     dst = derived_dir() / f"{src.stem}-{suffix}-{sha[:8]}.gguf"
     return dst if dst.exists() else write(src, dst)

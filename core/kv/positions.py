@@ -19,15 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.specprefill.selection import runs
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+from core.spans import common_prefix, runs
 
 
 def dense_prefix(state: SeqState, tokens: Sequence[int]) -> int:

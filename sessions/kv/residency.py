@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING
 import structlog
 
 from core.errors import TurnCancelled
+from core.kv.positions import SessionKV, dense_prefix
 from core.prompt import Prompt
 from core.results import Result, Timings
-from core.runtime.steps import TurnSteps, Wait
-from core.session_kv import SessionKV, dense_prefix
+from core.steps import TurnSteps, Wait
 from core.turn_request import TurnRequest
-from sessions.parked_kv import ParkedKV
-from sessions.prefix_cache import PrefixCache
+from sessions.kv.parked import ParkedKV
+from sessions.kv.prefixes import PrefixCache
+from sessions.kv.slot_table import Seat, SlotTable
 from sessions.session import KVLocation, Session, SessionState
-from sessions.slots import Seat, SlotTable
 
 if TYPE_CHECKING:  # the engine runs on the model thread; this module only hands it work
     from core.engine import Engine
@@ -155,7 +155,7 @@ class Residency:
         """Start ``kv`` (empty, in ``slot``) from a shared prefix: copy the longest one an
         idle resident session of the same owner holds densely when it is longer than the
         system prompt (a conversation's branch, another agent's history); else restore the
-        owner's cached system prompt (sessions.prefix_cache), wait while another turn builds
+        owner's cached system prompt (sessions.kv.prefixes), wait while another turn builds
         it, or build it if it is frequent."""
         t0, n = time.perf_counter(), self.prefixes.end(prompt)
         key = self.prefixes.key(owner, prompt.tokens[:n]) if n else ""

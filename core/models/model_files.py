@@ -24,6 +24,7 @@ import structlog
 
 from core.config import EngineConfig, kv_cache_bytes
 from core.errors import FetchError, ModelFileError
+from core.llama.gguf_file import validate_gguf
 from core.loader import override
 
 log = structlog.get_logger("specgate.models")
@@ -263,22 +264,3 @@ def fetch_all(names: list[str] | None = None, directory: Path | None = None,
     if unknown:
         raise FetchError(f"unknown model(s) {sorted(unknown)}; known: {[m.name for m in ALL_MODELS]}")
     return [fetch(m, directory, progress) for m in wanted]
-
-
-def validate_gguf(path: str | Path) -> Path:
-    """``path`` as a readable GGUF file, or a :class:`ModelFileError` that says what is wrong."""
-    p = Path(path).expanduser()
-    if not str(path):
-        raise ModelFileError("no model file given")
-    if not p.exists():
-        raise ModelFileError(f"model file not found: {p}")
-    if not p.is_file():
-        raise ModelFileError(f"model path is not a file: {p}")
-    try:
-        with p.open("rb") as fh:
-            magic = fh.read(4)
-    except OSError as exc:
-        raise ModelFileError(f"model file unreadable: {p}: {exc.strerror}") from exc
-    if magic != b"GGUF":
-        raise ModelFileError(f"not a GGUF file (magic {magic!r}): {p}")
-    return p

@@ -19,8 +19,8 @@ import orjson
 from core.errors import ConfigError
 from core.llama.context import Context
 from core.llama.model import Model
-from core.llama.model_files import cached_sha256, models_dir
 from core.machine import cpu_name
+from core.models.model_files import cached_sha256, models_dir
 
 
 @dataclass(slots=True, frozen=True)

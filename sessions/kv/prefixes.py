@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from core.prompt import Prompt
-from sessions.parked_kv import Blobs, ParkedKV
+from sessions.kv.parked import Blobs, ParkedKV
 
 SEEN_KEYS = 4096  # prefixes remembered as seen once (a key each, no KV)
 KEY_MARK = "\0prefix:"  # no session key starts with a NUL: the two never collide in ParkedKV
