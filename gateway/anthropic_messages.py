@@ -26,11 +26,13 @@ from core.errors import InvalidRequest
 from core.policies import TurnParams
 from gateway import client_hints, keys, protocol, sse, tool_calls
 from gateway import messages as wire
+from gateway.auth import OWNER
 from gateway.bodies import json_response, read_json
 from gateway.error_responses import anthropic_body
 from gateway.protocol import ChatRequest, TurnResult
 from gateway.tool_calls import CallArgs, CallStart
 from gateway.turn_http import begin, complete, session_headers
+from gateway.turns import to_turn
 
 log = structlog.get_logger("specgate.http")
 routes = web.RouteTableDef()
@@ -61,8 +63,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     if isinstance(body, dict):
         body = {**body, "max_tokens": 1}  # count_tokens takes no max_tokens
     req = parse(body, request)
-    worker = request.app[keys.WORKER]
-    prompt = await worker.call(lambda engine: engine.chat.render_chat(req.messages, req.tools))
+    prompt = await request.app[keys.MANAGER].render(to_turn(req, request[OWNER]), check=False)
     return json_response({"input_tokens": len(prompt.tokens)})
 
 

@@ -54,14 +54,14 @@ async def route_to_owner(request: web.Request, handler: Handler) -> web.StreamRe
     except OwnedElsewhere as exc:
         if request.headers.get(FORWARDED) or request.headers.get("Upgrade", "").lower() == "websocket":
             raise
-        registry = request.app[keys.MANAGER].registry
-        url = await registry.address(exc.replica_id)
+        manager = request.app[keys.MANAGER]
+        url = await manager.owner_address(exc.replica_id)
         if url is not None:
             try:
                 return await forward(request, url)
             except _NotStarted as err:
                 log.warning("owner_unreachable", owner=exc.replica_id, error=str(err.__cause__ or err))
-        if not await registry.take_over(exc.key, exc.replica_id):
+        if not await manager.take_over(exc.key, exc.replica_id):
             raise
         log.info("session_taken_over", session_key=exc.key, from_replica=exc.replica_id)
         return await handler(request)

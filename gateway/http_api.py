@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +43,7 @@ async def create_session(request: web.Request) -> web.Response:
 
 def session_view(request: web.Request, session: Any) -> dict[str, Any]:
     manager = request.app[keys.MANAGER]
-    return {**session.meta(), "kv": manager.location(session), "store": manager.store.kind,
-            "store_synced": not manager.writer.degraded}
+    return {**session.meta(), "kv": manager.location(session), **manager.store_view()}
 
 
 @routes.get("/v1/sessions/{id}")
@@ -69,17 +67,9 @@ async def health(request: web.Request) -> web.Response:
 async def ready(request: web.Request) -> web.Response:
     """Ready to take turns: models loaded and not draining.  A store that is down leaves the
     gateway serving (``degraded``: records are buffered and replayed) rather than unready."""
-    app = request.app
-    worker, store = app[keys.WORKER], app[keys.STORE]
-    try:
-        store_ok = await asyncio.wait_for(store.ping(), 1.0)
-    except TimeoutError:
-        store_ok = False
-    draining = app[keys.RUNNER].draining
-    body = {"models": worker.state.value, "store": store.kind, "store_reachable": store_ok,
-            "degraded": not store_ok or app[keys.WRITER].degraded, "draining": draining,
-            "queue_depth": app[keys.SCHEDULER].depth}
-    ok = worker.state.value == "ready" and not draining
+    manager, draining = request.app[keys.MANAGER], request.app[keys.RUNNER].draining
+    body = {**await manager.readiness(), "draining": draining}
+    ok = manager.models_ready and not draining
     return web.json_response({"ready": ok, **body}, status=200 if ok else 503)
 
 

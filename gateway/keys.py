@@ -6,26 +6,15 @@ import aiohttp
 from aiohttp import web
 
 from core.policies import TurnParams
-from core.runtime.worker import ModelWorker
 from gateway.auth import ApiKeys
 from gateway.metrics import Metrics
 from gateway.serve_config import ServeConfig
 from gateway.turns import TurnRunner
-from sessions.admission import FairAdmission
-from sessions.kv.parked import ParkedKV
 from sessions.manager import SessionManager
-from sessions.metadata import MetadataStore
-from sessions.registry import Registry
-from sessions.store_writer import StoreWriter
 
 CONFIG = web.AppKey("config", ServeConfig)
 DEFAULTS = web.AppKey("defaults", TurnParams)  # the server's turn policies, before request overrides
 STARTED = web.AppKey("started", float)
-WORKER = web.AppKey("worker", ModelWorker)
-STORE = web.AppKey("store", MetadataStore)
-WRITER = web.AppKey("writer", StoreWriter)
-PARKED = web.AppKey("parked", ParkedKV)
-SCHEDULER = web.AppKey("scheduler", FairAdmission)
 MANAGER = web.AppKey("manager", SessionManager)
 METRICS = web.AppKey("metrics", Metrics)
 RUNNER = web.AppKey("runner", TurnRunner)
@@ -34,4 +23,3 @@ LOCAL_ONLY = web.AppKey("local_only", bool)  # keyless on loopback: refuse forei
 WEBSOCKETS = web.AppKey("websockets", set[web.WebSocketResponse])  # open sockets, closed on drain
 REPLICA_ID = web.AppKey("replica_id", str)
 HTTP_CLIENT = web.AppKey("http_client", aiohttp.ClientSession)  # proxies turns to a session's owner
-REGISTRY = web.AppKey("registry", Registry)  # type: ignore[type-abstract]

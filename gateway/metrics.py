@@ -21,18 +21,62 @@ RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
 CONTENT_TYPE = "text/plain; version=0.0.4"
 
 
+# The session layer's figures (SessionManager.figures), by metric name: (figure, help).
+GAUGES = {
+    "specgate_live_sessions": ("sessions", "Sessions held in this process."),
+    "specgate_implicit_sessions": ("implicit_sessions", "Sessions the server made for requests that name none."),
+    "specgate_running_turns": ("running_turns", "Turns running or queued."),
+    "specgate_queue_depth": ("queue_depth", "Turns queued for the model thread, plus the running ones."),
+    "specgate_slots_busy": ("slots_busy", "Model slots running a turn."),
+    "specgate_slots_resident": ("slots_resident", "Model slots holding a session's KV."),
+    "specgate_step_last_batch_rows": ("last_batch_rows", "Decoding turns in the last batch of the step loop."),
+    "specgate_kv_bytes_ram": ("kv_ram", "Parked session KV held in RAM."),
+    "specgate_kv_bytes_disk": ("kv_disk", "Parked session KV spilled to disk."),
+    "specgate_store_pending_writes": ("store_pending", "Session records waiting for the store."),
+    "specgate_store_degraded": ("store_degraded", "1 while store writes are failing."),
+}
+COUNTERS = {
+    "specgate_kv_evictions": ("kv_evictions", "Parked KV evicted from RAM."),
+    "specgate_steps": ("steps", "Steps of the model thread's loop."),
+    "specgate_prefix_hits": ("prefix_hits", "Sessions that started from a cached system prompt."),
+    "specgate_prefix_misses": ("prefix_misses", "System prompts prefilled into the prefix cache."),
+    "specgate_prefix_waits": ("prefix_waits", "Sessions that waited for another turn to cache their system prompt."),
+    "specgate_prefix_adopted": ("prefix_adopted", "Sessions that started from an idle resident session's prefix KV."),
+    "specgate_implicit_hits": ("implicit_hits", "Requests naming no session that continued a held conversation."),
+    "specgate_implicit_misses": ("implicit_misses",
+                                 "Requests naming no session that matched no idle held conversation."),
+    "specgate_implicit_reused_tokens": ("implicit_reused", "Target tokens reused by turns of implicit sessions."),
+    "specgate_step_batches": ("batches", "Batches decoded by the step loop."),
+    "specgate_step_batch_rows": ("batch_rows",
+                                 "Decoding turns' tokens over all batches (divide by batches: mean batch)."),
+    "specgate_step_batch_tokens": ("batch_tokens", "Tokens over all batches (divide by batches: tokens per batch)."),
+    "specgate_step_chunk_stalls": ("chunk_stalls",
+                                   "Batches in which decoding turns shared the step with a prefill chunk."),
+    "specgate_step_stall_tokens": ("stall_tokens",
+                                   "Prefill tokens carried by those batches (divide by stalls: mean chunk)."),
+    "specgate_spill_writes": ("spill_writes", "KV spill files written."),
+    "specgate_spill_failures": ("spill_failures", "KV spill writes that failed (the session rebuilds)."),
+    "specgate_spill_rejected": ("spill_rejected", "KV spill files discarded by their checks."),
+    "specgate_store_errors": ("store_errors", "Failed metadata store writes (retried)."),
+    "specgate_store_rejected_writes": ("store_rejected", "Record writes refused: another replica owns the session."),
+    "specgate_store_dropped_writes": ("store_dropped", "Records dropped for an error that is not an outage (logged)."),
+}
+
+
 class Live(Collector):
-    """Figures read at scrape time: ``gauges`` and ``counters`` map a name to (help, read)."""
+    """Figures read at scrape time, all at once from ``read`` (none until it is set)."""
 
     def __init__(self) -> None:
-        self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
-        self.counters: dict[str, tuple[str, Callable[[], float]]] = {}
+        self.read: Callable[[], dict[str, float]] | None = None
 
     def collect(self) -> Iterator[Metric]:
-        for name, (help_, read) in sorted(self.gauges.items()):
-            yield GaugeMetricFamily(name, help_, value=read())
-        for name, (help_, read) in sorted(self.counters.items()):
-            yield CounterMetricFamily(name, help_, value=read())
+        if self.read is None:
+            return
+        figures = self.read()
+        for name, (key, help_) in sorted(GAUGES.items()):
+            yield GaugeMetricFamily(name, help_, value=figures[key])
+        for name, (key, help_) in sorted(COUNTERS.items()):
+            yield CounterMetricFamily(name, help_, value=figures[key])
 
 
 class Metrics:

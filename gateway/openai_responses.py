@@ -35,6 +35,7 @@ from gateway.error_responses import error_body
 from gateway.protocol import ChatRequest, TurnResult
 from gateway.tool_calls import CallArgs, CallStart
 from gateway.turn_http import begin, complete
+from gateway.turns import to_turn
 from sessions.manager import IMPLICIT_PREFIX, Session
 
 log = structlog.get_logger("specgate.http")
@@ -105,8 +106,7 @@ async def input_tokens(request: web.Request) -> web.Response:
     body = await read_json(request)
     _, history = await _continued(request, body)
     req = parse(body, request, history)
-    prompt = await request.app[keys.WORKER].call(lambda engine: engine.chat.render_chat(req.chat.messages,
-                                                                                      req.chat.tools))
+    prompt = await request.app[keys.MANAGER].render(to_turn(req.chat, request[OWNER]), check=False)
     return json_response({"object": "response.input_tokens", "input_tokens": len(prompt.tokens)})
 
 
@@ -165,7 +165,7 @@ async def _keep(request: web.Request, session: Session | None, response: dict[st
     session.responses = kept
     manager = request.app[keys.MANAGER]
     manager.mirror(session)
-    if not await manager.writer.landed(session.key, STORE_WAIT_S):
+    if not await manager.stored(session, STORE_WAIT_S):
         log.warning("response_not_yet_stored", response_id=response["id"])
 
 

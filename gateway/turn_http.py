@@ -14,7 +14,7 @@ from gateway import keys
 from gateway.auth import OWNER
 from gateway.client_hints import IMPLICIT_HEADER, SESSION_HEADER
 from gateway.protocol import ChatRequest, TurnResult
-from gateway.turns import Turn, down
+from gateway.turns import Turn, to_turn
 from sessions.manager import Session
 
 log = structlog.get_logger("specgate.http")
@@ -35,7 +35,7 @@ async def begin(request: web.Request, req: ChatRequest, session: Session | None 
     if prompt is None:  # rendered and checked now: a prompt over the context is a 400 before any byte of stream
         if session is not None:  # a busy session's 409 costs the model thread nothing
             request.app[keys.MANAGER].check_free(session, request_id)
-        prompt = await request.app[keys.MANAGER].render(down(req, request[OWNER]))
+        prompt = await request.app[keys.MANAGER].render(to_turn(req, request[OWNER]))
     log.info("request_start", stream=req.stream, n_messages=len(req.messages), tools=bool(req.tools),
              path=request.path, implicit=session is not None and session.implicit, prompt_n=len(prompt))
     try:

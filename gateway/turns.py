@@ -89,7 +89,7 @@ class TurnRunner:
         idle now, and the claim must see it so."""
         if not self.implicit:
             return (await self.manager.start_implicit(owner, True) if required else None), None
-        prompt = await self.manager.render(down(request, owner))
+        prompt = await self.manager.render(to_turn(request, owner))
         session = self.manager.continuing(owner, prompt.tokens, request.hint)
         if session is None:
             session = await self.manager.start_implicit(owner, required, request.hint)
@@ -101,7 +101,7 @@ class TurnRunner:
         ``prompt``: the request already rendered (see :meth:`conversation_for`)."""
         if self.draining:
             raise ShuttingDown("the server is shutting down; retry on another replica")
-        self.manager.scheduler.admit()
+        self.manager.admit()
         turn = Turn(request, session, owner)
         if session is not None:
             self.manager.claim(session, turn.cancel, request_id)
@@ -113,7 +113,7 @@ class TurnRunner:
             loop.call_soon_threadsafe(turn.queue.put_nowait, piece)
             return True
 
-        work = down(request, owner, cancel=turn.cancel, sink=on_text, prompt=prompt)
+        work = to_turn(request, owner, cancel=turn.cancel, sink=on_text, prompt=prompt)
         turn.task = asyncio.create_task(self._run(turn, work))
         self.turns.add(turn)
         turn.task.add_done_callback(lambda _: self._finished(turn))
@@ -167,6 +167,6 @@ class TurnRunner:
         return len(late)
 
 
-def down(request: ChatRequest, owner: str, **how: Any) -> TurnRequest:
+def to_turn(request: ChatRequest, owner: str, **how: Any) -> TurnRequest:
     """The wire request as the layers below take it (``how``: cancel, sink, prompt)."""
     return TurnRequest(owner, request.messages, request.tools, request.params, **how)

@@ -3,7 +3,7 @@
 Sessions are found by ``(owner, id)`` (:mod:`sessions.session`), so another
 key's session looks exactly like an unknown one; a request that names no
 session continues the conversation its tokens match
-(:class:`~sessions.conversations.ConversationIndex`).  The table holds each
+(:class:`~sessions.conversations.ImplicitSessions`).  The table holds each
 session's lifecycle, lease (:mod:`sessions.registry`), TTL and record: the
 metadata and full history go to the store (Redis) through the
 :class:`StoreWriter`, off the reply path.  Where each session's KV lives is the
@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -36,11 +36,10 @@ from core.errors import (
     StoreUnavailable,
 )
 from core.prompt import Prompt
-from core.runtime.worker import ModelWorker
-from core.spans import common_prefix
+from core.runtime.worker import ModelState, ModelWorker
 from core.turn_request import TurnRequest
 from sessions.admission import FairAdmission
-from sessions.conversations import ConversationIndex
+from sessions.conversations import ImplicitSessions
 from sessions.ids import check_id, session_key
 from sessions.kv.parked import ParkedKV
 from sessions.kv.prefixes import PrefixCache
@@ -59,14 +58,14 @@ log = structlog.get_logger("specgate.sessions")
 
 
 class SessionManager:
-    def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV, scheduler: FairAdmission,
+    def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV, admission: FairAdmission,
                  writer: StoreWriter, limits: Limits = DEFAULT_LIMITS, ttl_s: float = 86400,
                  registry: Registry | None = None, prefix_min_tokens: int = 256,
                  implicit_min_share: float = 0.5) -> None:
         self.worker = worker
         self.store = store
         self.parked = parked
-        self.scheduler = scheduler
+        self.admission = admission
         self.writer = writer
         self.limits = limits
         self.ttl_s = ttl_s
@@ -74,9 +73,7 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self.residency = Residency(worker.config.slots, parked, prefix_min_tokens,
                                    lambda s: self._sessions.get(s.key) is s)  # model thread only
-        self.conversations = ConversationIndex()  # implicit sessions' held tokens (event loop)
-        self.implicit_min_share = implicit_min_share
-        self.implicit_hits = self.implicit_misses = self.implicit_reused = 0
+        self.implicit = ImplicitSessions(implicit_min_share)  # event loop only
 
     @property
     def live(self) -> int:
@@ -98,7 +95,7 @@ class SessionManager:
             if session is not None and session.state is SessionState.IDLE:
                 del self._sessions[key]
                 self._drop_kv(session)
-                self.conversations.remove(key)
+                self.implicit.remove(key)
                 log.info("session_moved_away", session_key=key)
 
     async def _own(self, key: str, session_id: str, creating: bool = False) -> None:
@@ -149,14 +146,12 @@ class SessionManager:
                                "delete some first")
 
     def _evict_implicit(self, owner: str | None) -> None:
-        idle = [s for s in self._sessions.values() if s.implicit and s.state is SessionState.IDLE
-                and (owner is None or s.owner == owner)]
-        if idle:
-            victim = min(idle, key=lambda s: s.last_active)
+        victim = self.implicit.victim(self._sessions.values(), owner)
+        if victim is not None:
             del self._sessions[victim.key]
             victim.state = SessionState.DELETED
             self._drop_kv(victim)
-            self.conversations.remove(victim.key)
+            self.implicit.remove(victim.key)
             self.writer.delete(victim.key)
             log.info("implicit_session_evicted", session_key=victim.key)
 
@@ -194,7 +189,7 @@ class SessionManager:
         local = self._sessions.pop(key, None)
         if local is None and await self.writer.load(key) is None:
             raise SessionNotFound(f"unknown session {session_id!r}")
-        self.conversations.remove(key)
+        self.implicit.remove(key)
         if local is not None:
             local.state = SessionState.DELETED
             if local.cancel is not None:
@@ -215,7 +210,7 @@ class SessionManager:
         stale = [k for k, s in self._sessions.items() if s.state is SessionState.IDLE and s.last_active < cutoff]
         for key in stale:
             self._drop_kv(self._sessions.pop(key))
-            self.conversations.remove(key)
+            self.implicit.remove(key)
         if stale:
             log.info("sessions_expired", n=len(stale))
         return len(stale)
@@ -233,21 +228,8 @@ class SessionManager:
 
     # -- conversations found by their tokens ---------------------------------------
     def continuing(self, owner: str, tokens: Sequence[int], hint: str | None = None) -> Session | None:
-        """The idle implicit session of ``owner`` that ``tokens`` continue: they repeat its
-        whole last prompt (a branch of it forks instead) and its held tokens cover at least
-        ``implicit_min_share`` of them.  A busy holder is passed over, never waited for.  A
-        ``hint`` (the client's prompt_cache_key or user) narrows the candidates to the
-        conversations made under it; it never makes tokens that differ match."""
-        for key, _ in self.conversations.lookup(owner, tokens):
-            s = self._sessions.get(key)
-            if s is None or s.state is not SessionState.IDLE or s.owner != owner or hint not in (None, s.hint):
-                continue
-            if common_prefix(s.kv.target.tokens, tokens) >= max(s.last_prompt_n,
-                                                                self.implicit_min_share * len(tokens)):
-                self.implicit_hits += 1
-                return s
-        self.implicit_misses += 1
-        return None
+        """The idle implicit session ``tokens`` continue (:meth:`ImplicitSessions.continuing`)."""
+        return self.implicit.continuing(self._sessions, owner, tokens, hint)
 
     async def start_implicit(self, owner: str, required: bool = False, hint: str | None = None) -> Session | None:
         """A new implicit session for a conversation nobody holds.  When the owner has no
@@ -265,12 +247,6 @@ class SessionManager:
     @property
     def implicit_live(self) -> int:
         return sum(s.implicit for s in self._sessions.values())
-
-    def _index(self, session: Session) -> None:
-        if session.implicit and session.state is not SessionState.DELETED and session.kv.target.tokens:
-            self.conversations.put(session.key, session.owner, session.kv.target.tokens)
-        else:
-            self.conversations.remove(session.key)
 
     # -- turns -----------------------------------------------------------------
     def claim(self, session: Session, cancel: threading.Event, request_id: str | None = None) -> None:
@@ -306,27 +282,33 @@ class SessionManager:
         session.cancel = None
         session.request_id = None
 
-    async def render(self, work: TurnRequest) -> Prompt:
-        """The turn's prompt, rendered on the model thread and checked against the context
-        (:class:`PromptTooLong`, :class:`EmptyPrompt`), so a request that cannot run is refused
-        before any response starts; the turn then runs this prompt (``work.prompt``)."""
-        def checked(engine: Engine) -> Prompt:
+    async def render(self, work: TurnRequest, check: bool = True) -> Prompt:
+        """The turn's prompt, rendered on the model thread, and with ``check`` checked against
+        the context (:class:`PromptTooLong`, :class:`EmptyPrompt`), so a request that cannot
+        run is refused before any response starts; the turn then runs this prompt
+        (``work.prompt``).  The one way to render or count a request's tokens."""
+        def rendered(engine: Engine) -> Prompt:
             prompt = work.render(engine)
-            engine.check_prompt(prompt)
+            if check:
+                engine.check_prompt(prompt)
             return prompt
-        return await self.worker.call(checked)
+        return await self.worker.call(rendered)
+
+    def admit(self) -> None:
+        """Room in the turn queue for one more turn, or :class:`QueueFull` (before any work)."""
+        self.admission.admit()
 
     async def run_turn(self, session: Session | None, work: TurnRequest) -> TurnOutcome:
         """Run ``work`` in ``session`` (which must have been :meth:`claim`-ed), or without one."""
         residency, abort = self.residency, work.cancel.is_set
         if session is None:
-            return await self.scheduler.submit(f"stateless-{work.id}", lambda: self.worker.turn(
+            return await self.admission.submit(f"stateless-{work.id}", lambda: self.worker.turn(
                 lambda engine: residency.stateless(engine, work), abort))
         try:
-            outcome: TurnOutcome = await self.scheduler.submit(session.key, lambda: self.worker.turn(
+            outcome: TurnOutcome = await self.admission.submit(session.key, lambda: self.worker.turn(
                 lambda engine: residency.session_turn(engine, session, work), abort))
         finally:
-            self._index(session)
+            self.implicit.held(session)
         self._record(session, outcome)
         return outcome
 
@@ -342,16 +324,75 @@ class SessionManager:
         session.last_prompt_n = t.context_n
         session.kv_location = KVLocation.RESIDENT
         if session.implicit:
-            self.implicit_reused += t.cache_n
+            self.implicit.reused += t.cache_n
         for key in outcome.evicted:
             if (victim := self._sessions.get(key)) is not None:
                 spilled = self.parked.where(key) == "disk"
                 victim.kv_location = KVLocation.DISK if spilled else KVLocation.EVICTED
                 if not spilled:
-                    self.conversations.remove(key)  # its next turn rebuilds: nothing to reuse
+                    self.implicit.remove(key)  # its next turn rebuilds: nothing to reuse
 
     def _drop_kv(self, session: Session) -> None:
         """Queue the removal of a session's KV -- resident, parked or spilled -- for the model
         thread, which alone changes slots and parked KV: a turn queued later (the same id
         created again) runs after it and finds nothing."""
         self.worker.post(lambda engine: self.residency.forget_kv(engine, session))
+
+    # -- what the gateway reports of the layer -----------------------------------
+    @property
+    def models_ready(self) -> bool:
+        return self.worker.state is ModelState.READY
+
+    async def readiness(self, ping_timeout_s: float = 1.0) -> dict[str, Any]:
+        """The models' state, the store's, and the turn queue (``/ready``).  A store that is
+        down leaves the layer serving: records are buffered and replayed (``degraded``)."""
+        try:
+            store_ok = await asyncio.wait_for(self.store.ping(), ping_timeout_s)
+        except TimeoutError:
+            store_ok = False
+        return {"models": self.worker.state.value, "store": self.store.kind, "store_reachable": store_ok,
+                "degraded": not store_ok or self.writer.degraded, "queue_depth": self.admission.depth}
+
+    def store_view(self) -> dict[str, Any]:
+        """Which store keeps the records, and whether every write has landed."""
+        return {"store": self.store.kind, "store_synced": not self.writer.degraded}
+
+    async def stored(self, session: Session, wait_s: float) -> bool:
+        """Whether ``session``'s record has landed in the store, waiting up to ``wait_s``."""
+        return await self.writer.landed(session.key, wait_s)
+
+    async def owner_address(self, replica_id: str) -> str | None:
+        """Where the replica that holds a session's lease answers (None: not registered)."""
+        return await self.registry.address(replica_id)
+
+    async def take_over(self, key: str, replica_id: str) -> bool:
+        """Take ``key``'s lease from ``replica_id``, which did not answer."""
+        return await self.registry.take_over(key, replica_id)
+
+    async def hand_over(self, flush_timeout_s: float) -> tuple[bool, int]:
+        """Drain: flush the records, stop renewing leases, release them for other replicas.
+        Returns (all records flushed, leases released)."""
+        flushed = await self.writer.flush(flush_timeout_s)
+        await self.registry.stop()  # first: a renewal after the release would claim the leases again
+        return flushed, await self.registry.release(self.held())
+
+    def figures(self) -> dict[str, float]:
+        """The layer's levels and totals, read at scrape time (gateway/metrics.py names them)."""
+        steps, parked, prefixes, slots = self.worker.stats, self.parked, self.prefixes, self.slots
+        return {
+            "sessions": self.live, "implicit_sessions": self.implicit_live, "queue_depth": self.admission.depth,
+            "slots_busy": slots.busy, "slots_resident": slots.resident, "last_batch_rows": steps.last_rows,
+            "steps": steps.steps, "batches": steps.batches, "batch_rows": steps.batch_rows,
+            "batch_tokens": steps.batch_tokens, "chunk_stalls": steps.chunk_stalls,
+            "stall_tokens": steps.stall_tokens,
+            "kv_ram": parked.bytes_in_ram, "kv_disk": parked.bytes_on_disk, "kv_evictions": parked.evictions,
+            "spill_writes": parked.spill_writes, "spill_failures": parked.spill_failures,
+            "spill_rejected": parked.spill_rejected,
+            "prefix_hits": prefixes.hits, "prefix_misses": prefixes.misses, "prefix_waits": prefixes.waits,
+            "prefix_adopted": prefixes.adopted,
+            "implicit_hits": self.implicit.hits, "implicit_misses": self.implicit.misses,
+            "implicit_reused": self.implicit.reused,
+            "store_pending": self.writer.pending, "store_degraded": int(self.writer.degraded),
+            "store_errors": self.writer.failed_writes, "store_rejected": self.writer.rejected_writes,
+            "store_dropped": self.writer.dropped_writes,
+        }

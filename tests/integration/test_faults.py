@@ -124,7 +124,7 @@ def test_a_damaged_spill_file_rebuilds_and_an_unwritable_spill_dir_fails_nobody(
         keep = {"specprefill": {"mass": 1.0}}
         first = chat(gw.base, "a", a, **keep).json()
         chat(gw.base, "b", [{"role": "user", "content": "Other."}], **keep)  # parks a: spilled (budget 0)
-        own = gw.app[keys.PARKED].spill_dir  # this replica's folder under the spill directory
+        own = gw.app[keys.MANAGER].parked.spill_dir  # this replica's folder under the spill directory
         assert own is not None and own.parent == spill
         (path,) = own.glob("*.kv")
         path.write_bytes(path.read_bytes()[:-100])  # truncated
@@ -144,7 +144,7 @@ def test_a_damaged_spill_file_rebuilds_and_an_unwritable_spill_dir_fails_nobody(
         third = chat(gw.base, "a", [*a2, second["choices"][0]["message"], {"role": "user", "content": "Ok."}],
                      **keep)  # parks b: its spill fails
         assert third.status_code == 200 and third.json()["timings"]["kv_rebuilt"] is True
-        assert gw.app[keys.PARKED].spill_failures >= 1
+        assert gw.app[keys.MANAGER].parked.spill_failures >= 1
         fourth = chat(gw.base, "b", [{"role": "user", "content": "Other."}], **keep)
         assert fourth.status_code == 200 and fourth.json()["timings"]["kv_rebuilt"] is True
     finally:

@@ -79,7 +79,7 @@ def test_session_turns_prefill_only_the_delta_and_mirror_to_redis(gateway, redis
     view = httpx.get(f"{gateway.base}/v1/sessions/{sid}").json()
     assert view["turns"] == 2 and view["kv"] == "resident" and view["store"] == "redis"
     assert httpx.delete(f"{gateway.base}/v1/sessions/{sid}").status_code == 200
-    gateway.call(gateway.app[keys.WRITER].flush(5))
+    gateway.call(gateway.app[keys.MANAGER].writer.flush(5))
     assert redis_server.client.get(f"specgate:session:anonymous:{sid}") is None
     assert httpx.get(f"{gateway.base}/v1/sessions/{sid}").status_code == 404
 

@@ -155,7 +155,7 @@ def test_redis_outage_keeps_turns_working_and_the_store_converges(small_model):
                    {"role": "user", "content": "Again."}]
         out = chat(gw, history, sid)
         assert out["timings"]["cache_n"] > 0
-        assert not gw.call(gw.app[keys.WRITER].flush(0.5))  # the record waits in the buffer
+        assert not gw.call(gw.app[keys.MANAGER].writer.flush(0.5))  # the record waits in the buffer
         view = httpx.get(f"{gw.base}/v1/sessions/{sid}").json()
         assert view["turns"] == 2 and view["store_synced"] is False
         created = httpx.post(gw.base + "/v1/sessions", json={}).json()["id"]  # buffered, not refused
@@ -168,7 +168,7 @@ def test_redis_outage_keeps_turns_working_and_the_store_converges(small_model):
             openai.OpenAI(base_url=gw.base + "/v1", api_key="x", max_retries=0).chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "x"}], extra_headers={"X-SpecGate-Session": "sess-x"})
         back = RedisServer(port=redis.port)  # the same address comes back, empty
-        assert gw.call(gw.app[keys.WRITER].flush(15))
+        assert gw.call(gw.app[keys.MANAGER].writer.flush(15))
         record = orjson.loads(back.client.get(f"specgate:session:anonymous:{sid}"))
         assert record["turns"] == 2 and record["history"] == [*history, out["choices"][0]["message"]]
         assert back.client.exists(f"specgate:session:anonymous:{created}")

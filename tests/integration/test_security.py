@@ -46,7 +46,7 @@ def code(resp: httpx.Response) -> tuple[int, str]:
 
 
 def stored(redis_server, gw, owner_header, sid):
-    gw.call(gw.app[keys.WRITER].flush(5))
+    gw.call(gw.app[keys.MANAGER].writer.flush(5))
     owner = gw.app[keys.API_KEYS].owner(owner_header["Authorization"])
     raw = redis_server.client.get(f"specgate:session:{owner}:{sid}")
     return None if raw is None else orjson.loads(raw)
@@ -108,7 +108,7 @@ def test_path_traversal_and_odd_ids_are_refused(gw, spill_dir, tmp_path):
         assert httpx.get(f"{gw.base}/v1/sessions/{sid}", headers=ALICE).status_code == 400
     assert code(chat(gw, ALICE, "../../etc/passwd"))[0] == 400
     assert bait.read_text() == "keep me"
-    own = gw.app[keys.PARKED].spill_dir  # the replica's own folder under the spill directory
+    own = gw.app[keys.MANAGER].parked.spill_dir  # the replica's own folder under the spill directory
     assert own.parent == spill_dir and all(p.parent == own for p in own.rglob("*"))
     assert [p for p in spill_dir.iterdir()] == [own]
 
@@ -199,7 +199,7 @@ class ModelThreadHeld:
 
         self.release = threading.Event()
         self.future = asyncio.run_coroutine_threadsafe(
-            gw.app[keys.WORKER].call(lambda engine: self.release.wait(60)), gw.loop)
+            gw.app[keys.MANAGER].worker.call(lambda engine: self.release.wait(60)), gw.loop)
 
     def __enter__(self):
         return self
