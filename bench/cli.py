@@ -78,7 +78,7 @@ class Run:
 
 
 def _tiny() -> tuple[str, str]:
-    from bench.derived_models import derived
+    from core.models.scorer_cuts import derived
 
     return str(derived(3)), str(derived(2))
 

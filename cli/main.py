@@ -134,7 +134,7 @@ def run_fetch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gateway.logs import configure
+    from cli.logs import configure
 
     configure("warning")  # log lines to stderr: a command's own output (JSON, tables) owns stdout; serve sets its level
     args = build_parser().parse_args(argv)

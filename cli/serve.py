@@ -47,9 +47,9 @@ async def serve(config: ServeConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cli.logs import configure
     from core.loader import build, override
     from core.models.model_files import with_default_models
-    from gateway.logs import configure
     from gateway.serve_config import ServeConfig
 
     config = build(ServeConfig, vars(args))

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.common import progress, write_result
-from bench.derived_models import derived
 from core.config import EngineConfig
 from core.kv.positions import SessionKV
 from core.models import model_files
-from core.models.scorer_cuts import requantized
+from core.models.scorer_cuts import derived, requantized
 from core.policies import PrefillPolicy, SamplingParams, Selection, TurnParams
 from core.prompt import Prompt
 from core.results import Timings

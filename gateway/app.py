@@ -20,21 +20,19 @@ from aiohttp import WSCloseCode, web
 
 from core.policies import TurnParams
 from gateway import (
-    anthropic_messages,
     auth,
     client_hints,
-    http_api,
     keys,
-    openai_chat,
-    openai_responses,
-    openapi,
-    ws_api,
 )
 from gateway.error_responses import REJECTED, Handler, error_middleware
 from gateway.forward import route_to_owner, tag_replica
 from gateway.metrics import Metrics
 from gateway.serve_config import GatewayConfig, ServeConfig
 from gateway.turns import TurnRunner
+from gateway.wire import openapi, specgate_api, websocket
+from gateway.wire.anthropic import routes as anthropic
+from gateway.wire.openai_chat import routes as openai_chat
+from gateway.wire.openai_responses import routes as openai_responses
 from sessions.layer import LayerSettings, open_layer
 
 log = structlog.get_logger("specgate.http")
@@ -144,10 +142,7 @@ def create_app(config: ServeConfig) -> web.Application:
     app[keys.LOCAL_ONLY] = auth.guards_origin(config.gateway, api_keys)
     app.cleanup_ctx.extend([sessions_ctx, http_client_ctx])
     app.on_shutdown.append(drain)
-    app.add_routes(openai_chat.routes)
-    app.add_routes(anthropic_messages.routes)
-    app.add_routes(openai_responses.routes)
-    app.add_routes(http_api.routes)
-    app.add_routes(ws_api.routes)
-    app.add_routes(openapi.routes)
+    for wire_routes in (openai_chat.routes, anthropic.routes, openai_responses.routes, specgate_api.routes,
+                        websocket.routes, openapi.routes):
+        app.add_routes(wire_routes)
     return app

@@ -34,7 +34,7 @@ from aiohttp import web
 from core.errors import OwnedElsewhere, OwnerLost
 from gateway import keys, sse
 from gateway.error_responses import ANTHROPIC_PATHS, Handler, anthropic_body, error_body
-from gateway.openai_responses import failed_events
+from gateway.wire.openai_responses.encoder import failed_events
 
 log = structlog.get_logger("specgate.forward")
 FORWARDED = "X-SpecGate-Forwarded"

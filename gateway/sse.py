@@ -1,7 +1,7 @@
 """Server-sent events: the one streaming loop every protocol's stream runs through.
 
 A protocol supplies an :class:`Encoder` that turns the turn's moments -- start,
-each text piece, the finished :class:`~gateway.protocol.TurnResult`, or a
+each text piece, the finished :class:`~gateway.chat_request.TurnResult`, or a
 failure after the headers went out -- into its own SSE frames.  The loop
 owns what is the same everywhere: the headers, writing, a keepalive whenever the
 stream has been quiet for ``keepalive_s`` (a prefill of a long prompt takes minutes
@@ -20,7 +20,7 @@ import structlog
 from aiohttp import web
 
 from gateway import keys
-from gateway.protocol import TurnResult
+from gateway.chat_request import TurnResult
 from gateway.tool_calls import CallArgs, CallStart
 from gateway.turns import Turn
 

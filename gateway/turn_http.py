@@ -12,8 +12,8 @@ from aiohttp import web
 from core.errors import SessionBusy
 from gateway import keys
 from gateway.auth import OWNER
+from gateway.chat_request import ChatRequest, TurnResult
 from gateway.client_hints import IMPLICIT_HEADER, SESSION_HEADER
-from gateway.protocol import ChatRequest, TurnResult
 from gateway.turns import Turn, to_turn
 from sessions.manager import Session
 

@@ -1,6 +1,6 @@
 """One turn, as HTTP and WebSocket both run it: resolve the session, claim it, queue
 the job, stream text out of the model thread, then build the turn's one
-:class:`~gateway.protocol.TurnResult` and record metrics and history from it."""
+:class:`~gateway.chat_request.TurnResult` and record metrics and history from it."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import structlog
 from core.errors import ShuttingDown
 from core.prompt import Prompt
 from core.turn_request import TurnRequest
-from gateway import protocol, tool_calls
+from gateway import chat_request, tool_calls
+from gateway.chat_request import ChatRequest, TurnResult
 from gateway.metrics import Metrics
-from gateway.protocol import ChatRequest, TurnResult
 from sessions.manager import Session, SessionManager
 
 log = structlog.get_logger("specgate.turn")
@@ -137,7 +137,7 @@ class TurnRunner:
         finally:
             if turn.session is not None:
                 self.manager.release(turn.session)
-        result = protocol.turn_result(outcome.result, turn.request.tools, turn.call_prefix)
+        result = chat_request.turn_result(outcome.result, turn.request.tools, turn.call_prefix)
         self._record(turn, result)
         if result.timings.max_tokens_asked:
             log.info("max_tokens_clamped", asked=result.timings.max_tokens_asked, ceiling=result.timings.max_tokens)

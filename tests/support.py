@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from bench.common import free_port
-from bench.derived_models import derived
 from core.config import EngineConfig, Limits
 from core.loader import override
 from core.models import model_files
+from core.models.scorer_cuts import derived
 from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, Selection, TurnParams
 from gateway.serve_config import GatewayConfig, ServeConfig
 

@@ -130,3 +130,13 @@ def scoring_model(scorer: str, target: str, speculator: str) -> str:
     if s.kind is ScorerKind.SPECULATOR_Q4_0:
         return str(requantized(speculator, "Q4_0"))
     return str(cut(speculator if s.kind is ScorerKind.SPECULATOR_EARLY else target, s.blocks))
+
+
+def derived(n_blocks: int, spec: model_files.ModelSpec = model_files.SPECULATOR) -> Path:
+    """A fetched model (the speculator by default) cut to its first ``n_blocks`` blocks: what
+    the tests run on (fast, the real tokenizer), the overhead bench serves and the evals
+    score with, in the scorers' cache."""
+    src = model_files.model_path(spec)
+    if not model_files.is_verified(spec, src):
+        raise model_files.FetchError(f"{spec.name} missing at {src}: run `specgate fetch-models`")
+    return cut(src, n_blocks, spec.sha256)

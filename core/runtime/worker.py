@@ -54,10 +54,6 @@ class ModelWorker:
     def stats(self) -> StepStats:
         return self._loop.stats
 
-    @property
-    def active_turns(self) -> int:
-        return len(self._loop.jobs)
-
     async def start(self) -> None:
         ready: concurrent.futures.Future[Engine] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._main, args=(ready,), name="specgate-model", daemon=True)

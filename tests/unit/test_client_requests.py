@@ -12,7 +12,9 @@ import pytest
 from core.config import Limits
 from core.errors import InvalidRequest
 from core.policies import TurnParams
-from gateway import anthropic_messages, client_hints, openai_responses, protocol
+from gateway import chat_request, client_hints
+from gateway.wire.anthropic import parse as anthropic_messages
+from gateway.wire.openai_responses import parse as openai_responses
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "clients"
 N_CTX = 32768
@@ -22,7 +24,7 @@ def recorded(name: str) -> dict:
     return json.loads((FIXTURES / name).read_text())
 
 
-def parse(entry: dict, keep_billing: bool = False) -> protocol.ChatRequest:
+def parse(entry: dict, keep_billing: bool = False) -> chat_request.ChatRequest:
     """As the gateway's routes parse it, headers included."""
     body, headers = entry["body"], {k.lower(): v for k, v in entry["headers"].items()}
     hint = client_hints.header_hint(_Headers(headers))
@@ -31,7 +33,7 @@ def parse(entry: dict, keep_billing: bool = False) -> protocol.ChatRequest:
         return anthropic_messages.parse_messages_body(body, TurnParams(), None, Limits(), N_CTX, hint, keep_billing)
     if path.endswith("/v1/responses"):
         return openai_responses.parse_body(body, [], TurnParams(), Limits(), N_CTX, hint).chat
-    return protocol.parse_chat(body, TurnParams(), None, Limits(), N_CTX, hint)
+    return chat_request.parse_chat(body, TurnParams(), None, Limits(), N_CTX, hint)
 
 
 class _Headers(dict):
@@ -136,7 +138,7 @@ def test_metadata_user_id_as_json_gives_its_session_id():
 
 
 def test_a_long_prompt_cache_key_is_a_digest_not_a_refusal():
-    req = protocol.parse_chat({"messages": [{"role": "user", "content": "hi"}], "prompt_cache_key": "k" * 400},
+    req = chat_request.parse_chat({"messages": [{"role": "user", "content": "hi"}], "prompt_cache_key": "k" * 400},
                               TurnParams(), None)
     assert req.hint is not None and req.hint.startswith("sha256:")
 
@@ -144,7 +146,7 @@ def test_a_long_prompt_cache_key_is_a_digest_not_a_refusal():
 @pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
 def test_max_tokens_over_the_cap_is_clamped_not_refused(key):
     limits = Limits(max_tokens_cap=1000)
-    req = protocol.parse_chat({"messages": [{"role": "user", "content": "hi"}], key: 5000}, TurnParams(), None,
+    req = chat_request.parse_chat({"messages": [{"role": "user", "content": "hi"}], key: 5000}, TurnParams(), None,
                               limits)
     assert req.params.sampling.max_tokens == 1000 and req.params.sampling.max_tokens_asked == 5000
 
@@ -168,8 +170,8 @@ LOOKBEHIND_TOOL = {"type": "function", "function": {"name": "f", "parameters": {
 
 def test_a_tool_schema_the_grammar_cannot_compile_never_fails_an_auto_request():
     body = {"messages": [{"role": "user", "content": "hi"}], "tools": [LOOKBEHIND_TOOL]}
-    req = protocol.parse_chat(body, TurnParams(), None)
+    req = chat_request.parse_chat(body, TurnParams(), None)
     assert req.tools and req.params.sampling.constraint is None  # parsed afterwards, unconstrained
     for choice in ("required", {"type": "function", "function": {"name": "f"}}):  # a forced call stays enforced
         with pytest.raises(InvalidRequest, match="cannot be enforced"):
-            protocol.parse_chat({**body, "tool_choice": choice}, TurnParams(), None)
+            chat_request.parse_chat({**body, "tool_choice": choice}, TurnParams(), None)

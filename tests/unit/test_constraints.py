@@ -9,7 +9,7 @@ import pytest
 from core import constraints
 from core.errors import InvalidRequest
 from core.policies import TurnParams
-from gateway import messages, protocol, tool_calls
+from gateway import chat_messages, chat_request, tool_calls
 
 QWEN = constraints.SYNTAXES["qwen"]
 TOOLS = (
@@ -89,7 +89,7 @@ def test_an_uncompilable_schema_is_a_400_naming_the_construct():
 
 
 def parse(**body):
-    return protocol.parse_chat({"messages": ASK, **body}, TurnParams(), None).params.sampling.constraint
+    return chat_request.parse_chat({"messages": ASK, **body}, TurnParams(), None).params.sampling.constraint
 
 
 def test_which_constraint_a_chat_request_gets():
@@ -127,11 +127,11 @@ def test_calls_in_the_forms_small_models_write():
 
 
 def test_the_developer_role_is_a_system_message_and_text_parts_join():
-    assert messages.parse_message({"role": "developer", "content": "Be terse."}, 0)["role"] == "system"
-    assert messages.join_text([{"type": "input_text", "text": "a"}, {"type": "refusal", "refusal": "b"}], "c",
+    assert chat_messages.parse_message({"role": "developer", "content": "Be terse."}, 0)["role"] == "system"
+    assert chat_messages.join_text([{"type": "input_text", "text": "a"}, {"type": "refusal", "refusal": "b"}], "c",
                               ("input_text", "refusal")) == "ab"
     # a part no text model reads is a placeholder, never a refusal (an agent's tool may return a screenshot)
-    assert messages.join_text([{"type": "input_text", "text": "see: "}, {"type": "input_image"}], "c",
+    assert chat_messages.join_text([{"type": "input_text", "text": "see: "}, {"type": "input_image"}], "c",
                               ("input_text",)) == "see: [input_image omitted: this server's models read text only]"
     with pytest.raises(InvalidRequest, match="'audio' parts are not supported"):
-        messages.join_text([{"type": "audio"}], "c", ("input_text",))
+        chat_messages.join_text([{"type": "audio"}], "c", ("input_text",))

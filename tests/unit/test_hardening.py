@@ -9,9 +9,9 @@ import pytest
 from core.config import Limits
 from core.errors import InvalidRequest, RequestTooLarge, StoreUnavailable, Unauthorized
 from core.policies import TurnParams
-from gateway import protocol
+from gateway import chat_request
 from gateway.auth import ANONYMOUS, ApiKeys
-from gateway.messages import depth
+from gateway.chat_messages import depth
 from gateway.serve_config import GatewayConfig
 from sessions.ids import check_id
 from sessions.kv.parked import HEADER, ParkedKV, frame, unframe
@@ -22,7 +22,7 @@ ONE = [{"role": "user", "content": "x"}]
 
 
 def parse(**body):
-    return protocol.parse_chat({"messages": ONE, **body}, TurnParams(), None, Limits(max_messages=4,
+    return chat_request.parse_chat({"messages": ONE, **body}, TurnParams(), None, Limits(max_messages=4,
                                                                                      max_prompt_chars=100))
 
 
@@ -221,9 +221,9 @@ def test_output_schemas_get_the_tool_schema_depth_bound(key):
     if key == "response_format":
         fmt = {"type": "json_schema", "json_schema": {"name": "d", "schema": deep}}
         body = {"messages": ONE, "response_format": fmt}
-        call = lambda: protocol.parse_chat(body, TurnParams(), None, Limits(max_tool_depth=16))  # noqa: E731
+        call = lambda: chat_request.parse_chat(body, TurnParams(), None, Limits(max_tool_depth=16))  # noqa: E731
     else:
-        from gateway import openai_responses
+        from gateway.wire.openai_responses import parse as openai_responses
         body = {"input": "hi", "text": {"format": {"type": "json_schema", "name": "d", "schema": deep}}}
         call = lambda: openai_responses.parse_body(body, [], TurnParams(), Limits(max_tool_depth=16), 4096)  # noqa: E731
     with pytest.raises(RequestTooLarge, match="max_tool_depth"):

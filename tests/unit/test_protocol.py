@@ -11,7 +11,8 @@ from core.chat import for_template
 from core.errors import ConfigError, InvalidRequest
 from core.policies import TurnParams
 from core.results import Result, SpeculativeStats, Timings
-from gateway import openai_chat_objects, protocol, tool_calls
+from gateway import chat_request, tool_calls
+from gateway.wire.openai_chat import objects as openai_chat_objects
 
 TOOLS = ({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},)
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
@@ -32,12 +33,12 @@ def test_tool_call_parsing():
 
 def test_protocol_parsing_errors_name_the_field():
     base = TurnParams()
-    ok = protocol.parse_chat({"messages": [{"role": "user", "content": "x"}], "stop": "END", "max_tokens": 5,
+    ok = chat_request.parse_chat({"messages": [{"role": "user", "content": "x"}], "stop": "END", "max_tokens": 5,
                               "specprefill": {"mass": 0.5}, "specattn": {"p": 0.9}}, base, None)
     assert ok.params.sampling.stop == ("END",) and ok.params.sampling.max_tokens == 5
     assert ok.params.prefill.selection.mass == 0.5
     assert ok.params.decoding.mode == "specattn" and ok.params.decoding.specattn_p == 0.9
-    assert protocol.parse_chat({"messages": [{"role": "user", "content": "x"}], "specprefill": False},
+    assert chat_request.parse_chat({"messages": [{"role": "user", "content": "x"}], "specprefill": False},
                                base, "h").params.prefill.enabled is False
     cases = [
         ({"messages": []}, InvalidRequest, "messages"),
@@ -54,12 +55,12 @@ def test_protocol_parsing_errors_name_the_field():
     ]
     for body, exc, word in cases:
         with pytest.raises(exc, match=word):
-            protocol.parse_chat(body, base, None)
+            chat_request.parse_chat(body, base, None)
 
 
 def test_turn_result_parses_calls_once_with_stable_ids():
     result = Result("Checking.\n" + CALL, "stop", [1, 2], Timings(context_n=10, cache_n=4, predicted_n=2))
-    turn = protocol.turn_result(result, TOOLS)
+    turn = chat_request.turn_result(result, TOOLS)
     (call,) = turn.tool_calls
     assert turn.finish_reason == "tool_calls" and turn.message["content"] == "Checking."
     body = openai_chat_objects.completion("id", "m", turn, "s1")
@@ -71,18 +72,18 @@ def test_turn_result_parses_calls_once_with_stable_ids():
     assert chunks[1]["choices"][0]["finish_reason"] == "tool_calls" and chunks[1]["session_id"] == "s1"
     assert chunks[2]["usage"] == {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12,
                                   "prompt_tokens_details": {"cached_tokens": 4}}
-    plain = protocol.turn_result(Result("Sunny.", "length", [1], Timings()), TOOLS)
+    plain = chat_request.turn_result(Result("Sunny.", "length", [1], Timings()), TOOLS)
     assert plain.message == {"role": "assistant", "content": "Sunny."} and plain.finish_reason == "length"
-    cut = protocol.turn_result(Result(CALL + "\n" + CALL[:20], "length", [1], Timings()), TOOLS)
+    cut = chat_request.turn_result(Result(CALL + "\n" + CALL[:20], "length", [1], Timings()), TOOLS)
     assert len(cut.tool_calls) == 1 and cut.finish_reason == "length"  # the cut is reported, not hidden
-    cancelled = protocol.turn_result(Result("Sun", "cancelled", [1], Timings()), None)
+    cancelled = chat_request.turn_result(Result("Sun", "cancelled", [1], Timings()), None)
     assert cancelled.finish_reason == "cancelled" and cancelled.openai_finish_reason == "stop"
 
 
 def stream(pieces: list[str], final_text: str) -> str:
     held = tool_calls.StreamFilter()
     shown = "".join(x for p in pieces for x in held.feed(p) if isinstance(x, str))  # the text, not the calls
-    message = protocol.turn_result(Result(final_text, "stop", [], Timings()), TOOLS).message
+    message = chat_request.turn_result(Result(final_text, "stop", [], Timings()), TOOLS).message
     return shown + held.release(message)
 
 

@@ -14,8 +14,10 @@ from pydantic import TypeAdapter
 from core.config import Limits
 from core.errors import OwnerLost
 from core.policies import TurnParams
-from gateway import anthropic_messages, openai_responses
 from gateway.forward import StreamTail
+from gateway.wire.anthropic.encoder import MessageEncoder
+from gateway.wire.openai_responses.encoder import Builder, ResponseEncoder
+from gateway.wire.openai_responses.parse import parse_body
 
 LOST = OwnerLost("the replica serving this session stopped mid-stream")
 
@@ -35,7 +37,7 @@ def serving(payload: bytes, lib=httpx):  # noqa: ANN001 -- httpx, or the httpx2 
 
 
 def test_the_anthropic_client_raises_on_a_lost_owner():
-    enc = anthropic_messages.MessageEncoder("msg_1", "m")
+    enc = MessageEncoder("msg_1", "m")
     payload = relayed("/v1/messages", [*enc.start(), *enc.text("Hello, wor")])
     import httpx2
 
@@ -47,8 +49,8 @@ def test_the_anthropic_client_raises_on_a_lost_owner():
 
 
 def test_a_responses_stream_ends_with_response_failed():
-    req = openai_responses.parse_body({"input": "hi"}, [], TurnParams(), Limits(), 4096)
-    enc = openai_responses.ResponseEncoder(openai_responses.Builder("resp_1", "m", req), None)  # type: ignore[arg-type]
+    req = parse_body({"input": "hi"}, [], TurnParams(), Limits(), 4096)
+    enc = ResponseEncoder(Builder("resp_1", "m", req), None)  # type: ignore[arg-type]
     payload = relayed("/v1/responses", [*enc.start(), *enc.text("Hello, "), *enc.text("wor")])
     client = openai.OpenAI(base_url="http://replica/v1", api_key="k", http_client=serving(payload))
     events = list(client.responses.create(model="m", input="hi", stream=True))

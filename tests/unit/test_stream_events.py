@@ -18,7 +18,11 @@ from pydantic import TypeAdapter
 from core.config import Limits
 from core.policies import TurnParams
 from core.results import Result, Timings
-from gateway import anthropic_messages, openai_chat, openai_responses, protocol, tool_calls
+from gateway import chat_request, tool_calls
+from gateway.wire.anthropic.encoder import MessageEncoder
+from gateway.wire.openai_chat.encoder import ChunkEncoder
+from gateway.wire.openai_responses.encoder import Builder, ResponseEncoder
+from gateway.wire.openai_responses.parse import parse_body
 
 TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": n, "description": "", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}} for n in ("get_weather", "get_time")]
@@ -35,7 +39,7 @@ REPLIES = {
 PREFIX = "t0"
 
 
-def script(name: str, step: int = 3) -> tuple[list[tool_calls.Piece], protocol.TurnResult]:
+def script(name: str, step: int = 3) -> tuple[list[tool_calls.Piece], chat_request.TurnResult]:
     """The pieces a turn streams for a scripted reply fed ``step`` characters at a time, and
     the turn's result."""
     text, finish = REPLIES[name]
@@ -43,13 +47,14 @@ def script(name: str, step: int = 3) -> tuple[list[tool_calls.Piece], protocol.T
     pieces: list[tool_calls.Piece] = []
     for i in range(0, len(text), step):
         pieces += held.feed(text[i:i + step])
-    result = protocol.turn_result(Result(text, finish, [], Timings(context_n=10, predicted_n=5)), tuple(TOOLS), PREFIX)
+    result = chat_request.turn_result(Result(text, finish, [], Timings(context_n=10, predicted_n=5)), tuple(TOOLS),
+                                      PREFIX)
     if tail := held.release(result.message):
         pieces.append(tail)
     return pieces, result
 
 
-def run(encoder: Any, name: str) -> tuple[list[dict[str, Any]], protocol.TurnResult]:
+def run(encoder: Any, name: str) -> tuple[list[dict[str, Any]], chat_request.TurnResult]:
     pieces, result = script(name)
     frames = encoder.start()
     for piece in pieces:
@@ -80,7 +85,7 @@ ANTHROPIC = TypeAdapter(RawMessageStreamEvent)
 
 @pytest.mark.parametrize("name", REPLIES)
 def test_anthropic_events_are_valid_and_ordered(name):
-    events, result = run(anthropic_messages.MessageEncoder("msg_1", "m"), name)
+    events, result = run(MessageEncoder("msg_1", "m"), name)
     typed = [ANTHROPIC.validate_python(e["data"]) for e in events if e["data"]["type"] != "ping"]
     assert all(e["event"] == e["data"]["type"] for e in events)
     assert typed[0].type == "message_start" and typed[-1].type == "message_stop"
@@ -112,14 +117,14 @@ def test_anthropic_events_are_valid_and_ordered(name):
 RESPONSES = TypeAdapter(ResponseStreamEvent)
 
 
-def responses_encoder() -> openai_responses.ResponseEncoder:
-    req = openai_responses.parse_body({"input": "hi", "tools": [
+def responses_encoder() -> ResponseEncoder:
+    req = parse_body({"input": "hi", "tools": [
         {"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]}
         for t in TOOLS]}, [], TurnParams(), Limits(), 4096)
 
     async def keep(_: dict[str, Any]) -> None:
         return None
-    return openai_responses.ResponseEncoder(openai_responses.Builder("resp_1", "m", req), keep)
+    return ResponseEncoder(Builder("resp_1", "m", req), keep)
 
 
 @pytest.mark.parametrize("name", REPLIES)
@@ -146,7 +151,7 @@ def test_responses_events_are_valid_numbered_and_ordered(name):
 # -- Chat Completions ----------------------------------------------------------------------
 @pytest.mark.parametrize("name", REPLIES)
 def test_chat_chunks_are_valid_and_calls_add_up(name):
-    events, result = run(openai_chat.ChunkEncoder("chatcmpl-1", "m", None, True), name)
+    events, result = run(ChunkEncoder("chatcmpl-1", "m", None, True), name)
     assert events[-1]["data"] == "[DONE]"
     chunks = [ChatCompletionChunk.model_validate(e["data"]) for e in events[:-1]]
     calls: dict[int, dict[str, str]] = {}
@@ -171,7 +176,7 @@ def test_chat_chunks_are_valid_and_calls_add_up(name):
 
 # -- arguments in fragments ----------------------------------------------------------------
 @pytest.mark.parametrize("make, kind", [
-    (lambda: anthropic_messages.MessageEncoder("msg_1", "m"), "content_block_delta"),
+    (lambda: MessageEncoder("msg_1", "m"), "content_block_delta"),
     (responses_encoder, "response.function_call_arguments.delta"),
 ])
 def test_call_arguments_arrive_in_many_fragments(make, kind):
@@ -180,7 +185,7 @@ def test_call_arguments_arrive_in_many_fragments(make, kind):
 
 
 def test_chat_call_arguments_arrive_in_many_fragments():
-    events, _ = run(openai_chat.ChunkEncoder("chatcmpl-1", "m", None, False), "one_call")
+    events, _ = run(ChunkEncoder("chatcmpl-1", "m", None, False), "one_call")
     pieces = [d for e in events[:-1] for d in e["data"]["choices"][0]["delta"].get("tool_calls", ())
               if d.get("function", {}).get("arguments")]
     assert len(pieces) > 3

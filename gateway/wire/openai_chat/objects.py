@@ -1,5 +1,5 @@
 """Chat Completions' response objects: ``chat.completion``, ``chat.completion.chunk`` and
-``usage``, built from the one :class:`~gateway.protocol.TurnResult` (pure: no model, no
+``usage``, built from the one :class:`~gateway.chat_request.TurnResult` (pure: no model, no
 server)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from core.results import Timings
 from gateway import tool_calls
-from gateway.protocol import TurnResult
+from gateway.chat_request import TurnResult
 
 
 def usage(t: Timings) -> dict[str, Any]:

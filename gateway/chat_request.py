@@ -23,8 +23,8 @@ from core.errors import ConfigError, InvalidRequest, RequestTooLarge
 from core.loader import override
 from core.policies import DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams, request_bounds
 from core.results import Result, Timings
+from gateway import chat_messages as wire
 from gateway import client_hints, tool_calls
-from gateway import messages as wire
 
 log = structlog.get_logger("specgate.http")
 SAMPLING_KEYS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop")

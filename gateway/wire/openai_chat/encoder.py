@@ -1,40 +1,13 @@
-"""OpenAI Chat Completions: ``POST /v1/chat/completions``, plain and streamed (SSE).
-
-The body parses into the internal :class:`~gateway.protocol.ChatRequest`
-(``protocol.parse_chat``); the finished turn renders as a ``chat.completion``
-object, or as ``chat.completion.chunk`` events closed by ``data: [DONE]``.
-"""
+"""A finished chat turn streamed as ``chat.completion.chunk`` events closed by
+``data: [DONE]``."""
 
 from __future__ import annotations
 
-from aiohttp import web
-
-from gateway import client_hints, keys, protocol, sse
-from gateway.bodies import json_response, read_json
+from gateway import sse
+from gateway.chat_request import TurnResult
 from gateway.error_responses import error_body
-from gateway.openai_chat_objects import chunk, completion, final_chunks, new_id
-from gateway.protocol import TurnResult
 from gateway.tool_calls import CallArgs, CallStart
-from gateway.turn_http import begin, complete, session_headers
-
-routes = web.RouteTableDef()
-
-
-@routes.post("/v1/chat/completions")
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    app = request.app
-    config = app[keys.CONFIG]
-    req = protocol.parse_chat(await read_json(request), app[keys.DEFAULTS],
-                              request.headers.get(client_hints.SESSION_HEADER), config.gateway.limits,
-                              config.engine.n_ctx, client_hints.header_hint(request.headers))
-    turn = await begin(request, req)
-    model = config.gateway.model_name
-    headers = session_headers(turn)
-    if req.stream:
-        return await sse.stream(request, turn, ChunkEncoder(new_id(), model, req.session_id, req.include_usage),
-                                headers)
-    result = await complete(request, turn)
-    return json_response(completion(new_id(), model, result, req.session_id), headers=headers)
+from gateway.wire.openai_chat.objects import chunk, final_chunks
 
 
 class ChunkEncoder:

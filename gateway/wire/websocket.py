@@ -17,10 +17,11 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from core.errors import InvalidRequest, SessionBusy
-from gateway import keys, openai_chat_objects, protocol
+from gateway import chat_request, keys
 from gateway.auth import OWNER
 from gateway.error_responses import ws_error
 from gateway.turns import Turn
+from gateway.wire.openai_chat import objects as openai_chat_objects
 from sessions.manager import Session
 
 log = structlog.get_logger("specgate.ws")
@@ -77,7 +78,7 @@ def start_turn(request: web.Request, session: Session, event: dict[str, Any]) ->
     body = {**{k: v for k, v in event.items() if k != "type"}, "messages": [*session.messages, *new],
             "stream": True}
     config = request.app[keys.CONFIG]
-    req = protocol.parse_chat(body, request.app[keys.DEFAULTS], session.id, config.gateway.limits,
+    req = chat_request.parse_chat(body, request.app[keys.DEFAULTS], session.id, config.gateway.limits,
                               config.engine.n_ctx)
     return request.app[keys.RUNNER].start(req, session, session.owner)
 

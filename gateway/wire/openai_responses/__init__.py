@@ -1,0 +1,1 @@
+"""OpenAI Responses, with its response store."""
