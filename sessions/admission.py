@@ -41,7 +41,7 @@ class FairAdmission:
         return self.pending + self.running
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="specgate-scheduler")
+        self._task = asyncio.create_task(self._loop(), name="specgate-admission")
 
     async def stop(self) -> None:
         tasks = [t for t in (self._task, *self._running) if t is not None]

@@ -1,4 +1,4 @@
-"""Session building blocks without models: parked KV, scheduler, metadata stores."""
+"""Session building blocks without models: parked KV, admission, metadata stores."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_a_failed_build_leaves_no_entry_and_a_finished_one_is_kept():
     assert cache.get("k") == (b"t", b"s")
 
 
-async def test_scheduler_round_robin_and_bound():
+async def test_admission_round_robin_and_bound():
     sched = FairAdmission(max_pending=5)
     order: list[str] = []
     gate = asyncio.Event()
@@ -115,7 +115,7 @@ async def test_scheduler_round_robin_and_bound():
     await sched.stop()
 
 
-async def test_scheduler_delivers_exceptions_and_skips_cancelled():
+async def test_admission_delivers_exceptions_and_skips_cancelled():
     sched = FairAdmission(max_pending=10)
     sched.start()
 
