@@ -68,6 +68,8 @@ HELP = {
                            "(stripped by default so conversations share their prompt's KV)",
     "max_sessions": "live sessions this process holds (429 past it)",
     "max_sessions_per_key": "sessions one API key may hold (429 past it)",
+    "max_stored_response_bytes": "stored Responses bodies one conversation keeps, in bytes (older ones are dropped "
+                                 "first; they can still be continued)",
 }
 
 

@@ -92,10 +92,11 @@ class Limits:
     default_max_tokens: int = 4096  # a request that sets no max_tokens
     max_sessions: int = 4096  # live sessions in this process
     max_sessions_per_key: int = 512
+    max_stored_response_bytes: int = 1 << 20  # stored Responses bodies per conversation; older ones go first
 
     def __post_init__(self) -> None:
         for name in ("max_messages", "max_tool_depth", "max_tokens_cap", "default_max_tokens", "max_sessions",
-                     "max_sessions_per_key"):
+                     "max_sessions_per_key", "max_stored_response_bytes"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1")
         _require(self.max_prompt_chars >= 0, "max_prompt_chars must be >= 0")
 

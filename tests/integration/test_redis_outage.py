@@ -62,7 +62,7 @@ def three_places(small_model, tmp_path):
 
 
 def leases(redis: RedisServer) -> set[str]:
-    return {k.decode()[len(LEASE):] for k in redis.client.keys(LEASE + "*")}
+    return {k.decode()[len(LEASE):] for k in redis.client.keys(LEASE + "*")}  # type: ignore[union-attr]
 
 
 def assert_nothing_dropped(gw, redis: RedisServer, history: dict[str, list[dict]]) -> None:

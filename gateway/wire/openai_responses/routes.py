@@ -12,7 +12,7 @@ from gateway.turn_http import begin, complete
 from gateway.turns import to_turn
 from gateway.wire.openai_responses.encoder import Builder, ResponseEncoder
 from gateway.wire.openai_responses.parse import parse
-from gateway.wire.openai_responses.store import continued, keep, new_id, stored
+from gateway.wire.openai_responses.store import body_of, continued, keep, new_id, stored
 
 routes = web.RouteTableDef()
 
@@ -27,20 +27,21 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         session = await request.app[keys.MANAGER].start_implicit(request[OWNER], required=True)
     turn = await begin(request, req.chat, session, keep=req.store)  # stored: kept so a follow-up continues it
     session = turn.session
+    held = len(session.messages) if session is not None else 0  # what this conversation held before the turn
     resp_id = new_id(session)
     model = req.chat.model or request.app[keys.CONFIG].gateway.model_name
     built = Builder(resp_id, model, req)
     if req.chat.stream:
-        return await sse.stream(request, turn, ResponseEncoder(built, lambda r: keep(request, session, r)))
+        return await sse.stream(request, turn, ResponseEncoder(built, lambda r: keep(request, session, r, held)))
     out = built.response(await complete(request, turn))
-    await keep(request, session, out)
+    await keep(request, session, out, held)
     return json_response(out)
 
 
 @routes.get("/v1/responses/{id}")
 async def get_response(request: web.Request) -> web.Response:
     _, entry = await stored(request, request.match_info["id"])
-    return json_response(entry["body"])
+    return json_response(body_of(entry))
 
 
 @routes.delete("/v1/responses/{id}")
