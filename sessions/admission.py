@@ -6,6 +6,11 @@ cannot starve the others.  Up to ``max_running`` jobs run at once (one per
 model slot; the step loop batches them), and a session has at most one turn
 running (the session manager's claim).  A full queue answers
 :class:`QueueFull` (429).
+
+Model-thread calls outside the turns (rendering a prompt, counting a request's tokens) wait
+in the worker's inbox, between steps.  They are bounded too (:meth:`FairAdmission.side_call`),
+by the same number: a flood of large ``count_tokens`` bodies is refused, not queued ahead of
+every stream's next step.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from core.errors import QueueFull
@@ -31,6 +36,7 @@ class FairAdmission:
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self.pending = 0
+        self.side_calls = 0
 
     @property
     def running(self) -> int:
@@ -38,7 +44,19 @@ class FairAdmission:
 
     @property
     def depth(self) -> int:
-        return self.pending + self.running
+        return self.pending + self.running + self.side_calls
+
+    @contextlib.asynccontextmanager
+    async def side_call(self) -> AsyncIterator[None]:
+        """Room for one model-thread call outside the turns, or :class:`QueueFull` (429)."""
+        if self.side_calls >= self.max_pending:
+            raise QueueFull(f"{self.side_calls} requests already wait for the model thread (limit "
+                            f"{self.max_pending})", retry_after_s=2)
+        self.side_calls += 1
+        try:
+            yield
+        finally:
+            self.side_calls -= 1
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="specgate-admission")

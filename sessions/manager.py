@@ -292,7 +292,8 @@ class SessionManager:
             if check:
                 engine.check_prompt(prompt)
             return prompt
-        return await self.worker.call(rendered)
+        async with self.admission.side_call():  # bounded: a flood is a 429, not a stall
+            return await self.worker.call(rendered)
 
     def admit(self) -> None:
         """Room in the turn queue for one more turn, or :class:`QueueFull` (before any work)."""

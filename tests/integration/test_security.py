@@ -251,6 +251,26 @@ def test_a_full_queue_refuses_streams_with_a_real_429(gw):
             s.__exit__(None, None, None)
 
 
+def test_a_flood_of_token_counts_is_refused_past_the_bound_not_queued_ahead_of_turns(gw):
+    """Counting tokens runs on the model thread: past ``max_queue`` (3) waiting calls, the rest
+    get a 429 at once rather than queueing ahead of every stream's next step."""
+    import concurrent.futures
+
+    body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "pump log " * 5000}]}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        with ModelThreadHeld(gw):  # every admitted count waits for the model thread meanwhile
+            futures = [pool.submit(httpx.post, gw.base + "/v1/messages/count_tokens", headers=ALICE, json=body,
+                                   timeout=120) for _ in range(8)]
+            deadline = time.monotonic() + 60
+            while sum(f.done() for f in futures) < 5 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            early = [f for f in futures if f.done()]
+        refused = [f.result() for f in early]
+        counted = [f.result(60) for f in futures if f not in early]
+    assert len(refused) == 5 and {code(r) for r in refused} == {(429, "queue_full")}
+    assert [r.status_code for r in counted] == [200] * 3 and len({r.json()["input_tokens"] for r in counted}) == 1
+
+
 def test_metrics_are_typed_and_count_rejections(gw):
     text = httpx.get(gw.base + "/metrics").text
     assert "# TYPE specgate_kv_evictions_total counter" in text

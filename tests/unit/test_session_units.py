@@ -115,6 +115,18 @@ async def test_admission_round_robin_and_bound():
     await sched.stop()
 
 
+async def test_side_calls_are_bounded_by_the_queue_limit_and_counted_in_depth():
+    adm = FairAdmission(max_pending=2)
+    async with adm.side_call(), adm.side_call():
+        assert adm.depth == 2
+        with pytest.raises(QueueFull, match="2 requests already wait for the model thread"):
+            async with adm.side_call():
+                pass
+    assert adm.side_calls == 0 and adm.depth == 0
+    async with adm.side_call():  # room again once the calls are done
+        assert adm.side_calls == 1
+
+
 async def test_admission_delivers_exceptions_and_skips_cancelled():
     sched = FairAdmission(max_pending=10)
     sched.start()
