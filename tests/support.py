@@ -4,6 +4,7 @@ real gateway app served on a loopback port."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,49 @@ class ServerProcess:
             except Exception:
                 self.proc.kill()
         self.log.close()
+
+
+def until(check: Callable[[], bool], timeout_s: float = 30.0, every_s: float = 0.02) -> bool:
+    """Poll ``check`` until it holds or ``timeout_s`` passes (tests wait for events, not for time)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every_s)
+    return True
+
+
+async def until_async(check: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    """:func:`until` on an event loop: yields to the loop between polls."""
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
+
+
+class ModelThreadHeld:
+    """Holds a gateway's model thread with a job of its own, so turns and renders stay queued for
+    as long as a test needs (tiny models finish any real turn in milliseconds)."""
+
+    def __init__(self, gw: GatewayThread) -> None:
+        import asyncio
+        import threading
+
+        from gateway import keys
+
+        self.release = threading.Event()
+        self.future = asyncio.run_coroutine_threadsafe(
+            gw.app[keys.MANAGER].worker.call(lambda engine: self.release.wait(60)), gw.loop)
+
+    def __enter__(self) -> ModelThreadHeld:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.future.result(60)

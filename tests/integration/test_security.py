@@ -14,7 +14,7 @@ import pytest
 
 from core.config import Limits
 from gateway import keys
-from tests.support import start_gateway
+from tests.support import ModelThreadHeld, start_gateway
 
 pytestmark = [pytest.mark.models, pytest.mark.redis]
 ALICE, BOB = {"Authorization": "Bearer sk-alice"}, {"Authorization": "Bearer sk-bob"}
@@ -188,25 +188,6 @@ def _stream(gw, sid, max_tokens=400, long=False):
     return httpx.stream("POST", gw.base + "/v1/chat/completions", headers={**ALICE, "X-SpecGate-Session": sid},
                         timeout=120, json={"messages": [{"role": "user", "content": text}],
                                            "max_tokens": max_tokens, "stream": True, "specprefill": False})
-
-
-class ModelThreadHeld:
-    """Holds the model thread with a job of its own, so a turn stays claimed and queued for
-    as long as a test needs (tiny models finish any real turn in milliseconds)."""
-
-    def __init__(self, gw) -> None:
-        import threading
-
-        self.release = threading.Event()
-        self.future = asyncio.run_coroutine_threadsafe(
-            gw.app[keys.MANAGER].worker.call(lambda engine: self.release.wait(60)), gw.loop)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release.set()
-        self.future.result(60)
 
 
 def test_a_second_concurrent_turn_on_a_session_gets_409(gw):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from core.config import Limits
@@ -17,6 +15,7 @@ from sessions.ids import check_id
 from sessions.kv.parked import HEADER, ParkedKV, frame, unframe
 from sessions.metadata import MemoryStore
 from sessions.store_writer import StoreWriter
+from tests.support import until_async
 
 ONE = [{"role": "user", "content": "x"}]
 
@@ -166,8 +165,8 @@ async def test_store_writer_coalesces_replays_deletes_and_converges():
     writer.save("k:a", {"v": 2})
     writer.save("k:b", {"v": 1})
     writer.delete("k:b")
-    await asyncio.sleep(0.1)
-    assert writer.degraded and writer.pending == 2 and not await writer.flush(0.1)
+    assert await until_async(lambda: writer.degraded, 5)  # its first write failed
+    assert writer.pending == 2 and not await writer.flush(0.1)
     # reads see the queued writes: the newer save, and the delete
     assert await writer.load("k:a") == {"v": 2} and await writer.load("k:b") is None
     store.down = False

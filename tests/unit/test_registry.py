@@ -8,6 +8,7 @@ import redis.asyncio as aioredis
 
 from sessions.metadata import RedisStore
 from sessions.registry import LEASE_PREFIX, REPLICA_PREFIX, RedisRegistry
+from tests.support import until_async
 
 
 async def test_one_owner_at_a_time_and_a_dead_owner_is_replaced(redis_server):
@@ -47,7 +48,7 @@ async def test_renewal_reports_leases_another_replica_took(redis_server):
     await client.set(LEASE_PREFIX + "o:taken", "kb")
     lost: list[list[str]] = []
     a.start(lambda: ["o:kept", "o:taken"], lost.append)
-    await asyncio.sleep(0.2)
+    assert await until_async(lambda: bool(lost), 5)  # the first renewal reports it
     await a.stop()
     assert lost[0] == ["o:taken"] and await client.pttl(LEASE_PREFIX + "o:kept") > 1000
     assert await client.get(REPLICA_PREFIX + "ka") is None  # stop() withdraws the heartbeat
@@ -78,9 +79,7 @@ async def test_a_missing_lease_is_reclaimed_not_lost(redis_server):
     await client.set(LEASE_PREFIX + "o:taken", "mb")
     lost: list[list[str]] = []
     a.start(lambda: ["o:held", "o:taken"], lost.append)
-    deadline = asyncio.get_running_loop().time() + 5
-    while not lost and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.02)
+    assert await until_async(lambda: bool(lost), 5)
     await a.stop()
     assert lost == [["o:taken"]]
     assert await client.get(LEASE_PREFIX + "o:held") == b"ma" and await client.pttl(LEASE_PREFIX + "o:held") > 1000

@@ -12,6 +12,7 @@ from sessions.admission import FairAdmission
 from sessions.kv.parked import ParkedKV
 from sessions.kv.prefixes import PrefixCache, prefix_end
 from sessions.metadata import MemoryStore, RedisStore
+from tests.support import until_async
 
 
 def test_parked_kv_lru_budget_and_drop():
@@ -103,10 +104,10 @@ async def test_admission_round_robin_and_bound():
 
     sched.start()
     first = asyncio.create_task(sched.submit("x", job("first")))
-    await asyncio.sleep(0.01)
+    assert await until_async(lambda: sched.running == 1, 5)  # running, held at the gate
     waits = [asyncio.create_task(sched.submit(k, job(f"{k}{i}"))) for k, i in
              [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1)]]
-    await asyncio.sleep(0.01)
+    assert await until_async(lambda: sched.pending == 5, 5)
     with pytest.raises(QueueFull):
         await sched.submit("d", job("d1"))
     gate.set()
@@ -138,20 +139,23 @@ async def test_admission_delivers_exceptions_and_skips_cancelled():
         await sched.submit("a", boom)
     ran = []
 
+    gate = asyncio.Event()
+
     async def slow():
-        await asyncio.sleep(0.05)
+        await gate.wait()
         ran.append("slow")
 
     async def never():
         ran.append("never")
 
     t1 = asyncio.create_task(sched.submit("a", slow))
-    await asyncio.sleep(0.01)
+    assert await until_async(lambda: sched.running == 1, 5)
     t2 = asyncio.create_task(sched.submit("b", never))
-    await asyncio.sleep(0.01)
+    assert await until_async(lambda: sched.pending == 1, 5)
     t2.cancel()
+    gate.set()
     await t1
-    await asyncio.sleep(0.01)
+    assert await until_async(lambda: sched.pending == 0 and sched.running == 0, 5)  # the loop passed t2 by
     assert ran == ["slow"]
     await sched.stop()
 
