@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="stateless: rounds of new conversations, one after another (default 1)")
     parser.add_argument("--agents", type=int, default=1, help="stateless: agents at once (default 1)")
+    parser.add_argument("--agent-bodies", action="store_true",
+                        help="failover: the agent arm (~80 KB streamed Anthropic and Responses bodies)")
     parser.add_argument("--sessions", help="concurrency levels, comma-separated (default: 1,2,4,8,12; quick 1,2,4)")
     parser.add_argument("--stagger", action="store_true",
                         help="concurrency: one session runs alone first, then the others start together")
@@ -146,8 +148,10 @@ def fuzz(r: Run) -> Any:
 
 
 def failover(r: Run) -> Any:
-    from bench import failover
+    from bench import failover, failover_agents
 
+    if r.args.agent_bodies:
+        return failover_agents.run(*_tiny(), r.path("failover_agents"), *((4, 3) if r.quick else (8, 4)))
     return failover.run(*_tiny(), r.path("failover"), *((6, 4) if r.quick else (20, 6)))
 
 

@@ -247,6 +247,65 @@ def test_turns_in_flight_through_the_balancer_when_a_replica_dies(cluster):
     cluster.restart(2)
 
 
+# what an agent's history carries besides its prompt: ~78 KB of the model's own reasoning sent
+# back (Claude Code's thinking blocks, Codex's reasoning items), which the prompt leaves out
+REASONING = "Let me think about the pump logs step by step. " * 1600
+
+
+def agent_message(text: str) -> dict:
+    return {"model": "claude-test", "max_tokens": 200, "system": "You log pumps.", "messages": [
+        {"role": "user", "content": "Pump A ran."},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": REASONING, "signature": "sig"},
+                                          {"type": "text", "text": "Noted."}]},
+        {"role": "user", "content": text}]}
+
+
+def test_agent_sized_bodies_in_flight_are_replayed_when_a_replica_dies(cluster):
+    """~80 KB Anthropic and Responses bodies through HAProxy, whole (not streamed), for
+    sessions r2 owns; r2 is SIGKILLed while running them.  HAProxy buffers each body
+    (tune.bufsize), so what r2 never answered is replayed on r1, which takes the sessions over."""
+    sids = [f"ag-{i}" for i in range(4)]
+    for sid in sids:
+        owned_by(cluster, 2, sid)
+    first = httpx.post(cluster.url(2) + "/v1/responses", timeout=120,
+                       json={"instructions": "You log pumps.", "input": "Pump A ran.", "max_output_tokens": 4})
+    assert first.status_code == 200 and replica(first) == "r2"
+    results: dict[str, httpx.Response] = {}
+    bodies = {sid: agent_message("Count to 200.") for sid in sids}
+    bodies["responses"] = {"instructions": "You log pumps.", "previous_response_id": first.json()["id"],
+                           "max_output_tokens": 200, "input": [
+                               {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text",
+                                                                             "text": REASONING}]},
+                               {"role": "user", "content": "Count to 200."}]}
+    assert all(len(orjson.dumps(b)) > 75_000 for b in bodies.values())
+
+    def go(key: str) -> None:
+        if key == "responses":
+            results[key] = httpx.post(cluster.base + "/v1/responses", timeout=180, json=bodies[key])
+        else:
+            results[key] = httpx.post(cluster.base + "/v1/messages", timeout=180, json=bodies[key],
+                                      headers={"X-SpecGate-Session": key})
+
+    threads = [threading.Thread(target=go, args=(key,)) for key in bodies]
+    for th in threads:
+        th.start()
+    wait_running(cluster.url(2))
+    cluster.kill(2, signal.SIGKILL)
+    for th in threads:
+        th.join()
+    assert all(r.status_code == 200 for r in results.values()), {k: r.text[:300] for k, r in results.items()}
+    assert {replica(r) for r in results.values()} == {"r1"}
+    for sid in sids:
+        assert results[sid].json()["content"][0]["text"]
+        deadline = time.monotonic() + 60
+        while (rec := cluster.record("anonymous", sid))["turns"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rec["turns"] == 2 and rec["history"][-2]["content"] == "Count to 200.", rec["history"][-2:]
+    assert results["responses"].json()["status"] == "completed"
+    cluster.wait_exit(2)
+    cluster.restart(2)
+
+
 def test_a_responses_chain_continues_on_another_replica_after_its_owner_dies(cluster):
     """Responses name no session header, so HAProxy spreads them; previous_response_id finds
     the conversation's owner through the registry (proxied there, its KV reused), and after
