@@ -74,7 +74,8 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_convs: int = 8, tur
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="specgate-failover-agents-")), 2, {
         "SPECGATE_TARGET": tiny_target, "SPECGATE_SPECULATOR": tiny_speculator, "SPECGATE_N_CTX": "8192",
         "SPECGATE_N_THREADS": "1", "SPECGATE_LOG_LEVEL": "warning"})
-    convs: dict[str, tuple[str, list[dict[str, Any]]]] = {f"a-{i:02d}": ("anthropic" if i % 2 == 0 else "responses", []) for i in range(n_convs)}
+    convs: dict[str, tuple[str, list[dict[str, Any]]]] = {
+        f"a-{i:02d}": ("anthropic" if i % 2 == 0 else "responses", []) for i in range(n_convs)}
     rows: list[dict[str, Any]] = []
     box: list[int] = []
     try:
