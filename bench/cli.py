@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "clients, to (re)run, comma-separated (default: all)")
     parser.add_argument("--stateless", action="store_true",
                         help="soak: clients name no session and resend their history (implicit sessions)")
+    parser.add_argument("--responses", action="store_true",
+                        help="soak: stored Responses chains with 30 tools, beside a count_tokens flood")
     parser.add_argument("--turns", type=int, default=None, help="soak: turns per session (default 10; quick 5)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="stateless: rounds of new conversations, one after another (default 1)")
@@ -135,8 +137,8 @@ def soak(r: Run) -> Any:
 
     sessions, turns = (20, 5) if r.quick else (100, 10)
     turns = r.args.turns or turns
-    name = "soak_stateless" if r.args.stateless else "soak"
-    s = soak.run(*_tiny(), r.path(name), sessions, turns, r.args.stateless)
+    name = "soak_responses" if r.args.responses else "soak_stateless" if r.args.stateless else "soak"
+    s = soak.run(*_tiny(), r.path(name), sessions, turns, r.args.stateless, r.args.responses)
     plots.soak(orjson.loads(r.path(name).read_bytes())["samples"], r.path(name, "png"))
     return s
 

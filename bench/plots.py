@@ -193,7 +193,9 @@ def soak(samples: list[dict[str, Any]], out: Path) -> None:
     ax.plot(t, [s["rss_mb"] for s in samples], label="server RSS (MB)")
     ax.plot(t, [s.get("specgate_kv_bytes_ram", 0) / 2**20 for s in samples], label="parked KV in RAM (MB)")
     ax.plot(t, [s.get("specgate_kv_bytes_disk", 0) / 2**20 for s in samples], label="spilled KV on disk (MB)")
-    _finish(fig, ax, out, "seconds", "MB", "soak: 100 sessions x 10 turns, tiny models, 16 MB KV budget")
+    if any("redis_mb" in s for s in samples):
+        ax.plot(t, [s.get("redis_mb", 0) for s in samples], label="Redis used memory (MB)")
+    _finish(fig, ax, out, "seconds", "MB", "soak: sessions x turns, tiny models, 16 MB KV budget")
 
 
 def concurrency(rows: list[dict[str, Any]], out: Path) -> None:

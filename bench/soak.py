@@ -6,6 +6,12 @@ spill directory, so parking, spilling, dropping and rebuilding all happen.  It
 samples the server's RSS, parked KV bytes (RAM and disk) and the store's
 pending writes once a second, counts errors, and at the end checks that every
 session's stored history is exactly what its client sent and received.
+
+``--responses``: the clients speak the Responses API instead, storing every response
+(``store: true``, chained by ``previous_response_id``, with 30 tool definitions each), while
+two more clients flood ``/v1/messages/count_tokens`` with 20 KB bodies; Redis's own memory
+is sampled beside the server's RSS.  Both must stay flat: stored bodies are capped per
+conversation, and counts past the queue bound get a 429 instead of piling up.
 """
 
 from __future__ import annotations
@@ -52,11 +58,15 @@ def scrape(base: str) -> dict[str, float]:
     return out
 
 
-def sampler(pid: int, base: str, samples: list[dict[str, Any]], stop: threading.Event) -> None:
+def sampler(pid: int, base: str, samples: list[dict[str, Any]], stop: threading.Event, rport: int) -> None:
+    import redis
+
+    store = redis.Redis(port=rport)
     t0 = time.time()
     while not stop.wait(1.0):
         with contextlib.suppress(Exception):
-            samples.append({"t_s": round(time.time() - t0, 1), "rss_mb": round(rss_mb(pid), 1), **scrape(base)})
+            samples.append({"t_s": round(time.time() - t0, 1), "rss_mb": round(rss_mb(pid), 1),
+                            "redis_mb": round(store.info("memory")["used_memory"] / 2**20, 2), **scrape(base)})
 
 
 def text(rng: random.Random, n_words: int) -> str:
@@ -81,18 +91,56 @@ async def session(http: httpx.AsyncClient, sid: str, turns: int, gate: asyncio.S
     return history
 
 
-async def drive(base: str, n_sessions: int, turns: int, concurrency: int,
-                stateless: bool = False) -> tuple[dict[str, list], list[str]]:
+TOOLS = [{"type": "function", "name": f"tool_{i}", "description": "A plant tool. " * 10,
+          "parameters": {"type": "object", "properties": {"unit": {"type": "string"}}}} for i in range(30)]
+
+
+async def responses_chain(http: httpx.AsyncClient, sid: str, turns: int, gate: asyncio.Semaphore,
+                          errors: list[str]) -> list[dict[str, Any]]:
+    """A stored conversation: every response kept, each turn continuing the last by its id."""
+    rng = random.Random(sid)
+    previous: str | None = None
+    for turn in range(turns):
+        async with gate:
+            r = await http.post("/v1/responses", json={
+                "instructions": "You keep plant logs.", "input": f"Turn {turn}: " + text(rng, 40), "tools": TOOLS,
+                "max_output_tokens": 6, **({"previous_response_id": previous} if previous else {})})
+        if r.status_code != 200:
+            errors.append(f"{sid} turn {turn}: {r.status_code} {r.text[:200]}")
+            continue
+        previous = r.json()["id"]
+    return []
+
+
+async def count_flood(http: httpx.AsyncClient, done: asyncio.Event, tally: dict[str, int]) -> None:
+    body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "valve " * 3400}]}
+    while not done.is_set():
+        r = await http.post("/v1/messages/count_tokens", json=body)
+        key = str(r.status_code)
+        tally[key] = tally.get(key, 0) + 1
+        if r.status_code == 429:
+            await asyncio.sleep(0.05)
+
+
+async def drive(base: str, n_sessions: int, turns: int, concurrency: int, stateless: bool = False,
+                responses: bool = False) -> tuple[dict[str, list], list[str], dict[str, int]]:
     gate = asyncio.Semaphore(concurrency)
     errors: list[str] = []
+    tally: dict[str, int] = {}
     async with httpx.AsyncClient(base_url=base, timeout=300) as http:
         ids = [f"soak-{i:03d}" for i in range(n_sessions)]
-        histories = await asyncio.gather(*(session(http, sid, turns, gate, errors, stateless) for sid in ids))
-    return dict(zip(ids, histories, strict=True)), errors
+        done = asyncio.Event()
+        floods = [asyncio.create_task(count_flood(http, done, tally)) for _ in range(2 if responses else 0)]
+        client = (lambda sid: responses_chain(http, sid, turns, gate, errors)) if responses else \
+            (lambda sid: session(http, sid, turns, gate, errors, stateless))
+        histories = await asyncio.gather(*(client(sid) for sid in ids))
+        done.set()
+        await asyncio.gather(*floods)
+    return dict(zip(ids, histories, strict=True)), errors, tally
 
 
 def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 100, turns: int = 10,
-        stateless: bool = False) -> dict[str, Any]:
+        stateless: bool = False, responses: bool = False) -> dict[str, Any]:
     redis_bin = shutil.which("redis-server")
     if redis_bin is None:
         raise RuntimeError("the soak needs redis-server (ops/test.sh installs it)")
@@ -112,11 +160,11 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 100
     stop = threading.Event()
     try:
         with server(cmd, port, logs / "soak.log", pids) as base:
-            th = threading.Thread(target=sampler, args=(pids[0], base, samples, stop), daemon=True)
+            th = threading.Thread(target=sampler, args=(pids[0], base, samples, stop, rport), daemon=True)
             th.start()
             progress(f"soak: {n_sessions} sessions x {turns} turns")
             t0 = time.perf_counter()
-            histories, errors = asyncio.run(drive(base, n_sessions, turns, 8, stateless))
+            histories, errors, counts = asyncio.run(drive(base, n_sessions, turns, 8, stateless, responses))
             wall = time.perf_counter() - t0
             time.sleep(2)  # let the store writer land the last records
             stop.set()
@@ -125,7 +173,7 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 100
             # a named session's record is checked against its client's history; an implicit
             # one's id is the server's, so stateless runs check every reply's record instead
             intact = sum(orjson.loads(client.get(f"specgate:session:anonymous:{sid}") or b"{}").get("history")
-                         == h for sid, h in histories.items()) if not stateless else None
+                         == h for sid, h in histories.items()) if not (stateless or responses) else None
             final = scrape(base)
     finally:
         stop.set()
@@ -133,7 +181,12 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 100
         shutil.rmtree(spill, ignore_errors=True)
     rss = [s["rss_mb"] for s in samples]
     third = max(1, len(rss) // 3)
-    summary = {"stateless": stateless, "sessions": n_sessions, "turns": turns, "requests": n_sessions * turns,
+    redis_mb = [s["redis_mb"] for s in samples]
+    summary = {"stateless": stateless, "responses": responses, "count_tokens": counts,
+               "redis_mb_mean_first_third": round(sum(redis_mb[:third]) / third, 2) if redis_mb else None,
+               "redis_mb_mean_last_third": round(sum(redis_mb[-third:]) / third, 2) if redis_mb else None,
+               "redis_mb_max": max(redis_mb, default=None), "sessions": n_sessions, "turns": turns,
+               "requests": n_sessions * turns,
                "wall_s": round(wall, 1),
                "errors": len(errors), "histories_intact": intact, "rss_mb_start": rss[0] if rss else None,
                "rss_mb_max": max(rss, default=None), "rss_mb_end": rss[-1] if rss else None,
