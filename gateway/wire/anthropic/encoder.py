@@ -17,7 +17,6 @@ from gateway.tool_calls import CallArgs, CallStart
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "cancelled": "end_turn"}
 
 
-# -- responses -----------------------------------------------------------------
 def new_id() -> str:
     return f"msg_{uuid.uuid4().hex[:24]}"
 

@@ -22,13 +22,9 @@ from gateway import chat_request, client_hints, keys
 from gateway.chat_request import ChatRequest
 
 log = structlog.get_logger("specgate.http")
-
-
 # a model's own reasoning sent back, and server-tool blocks (run by Anthropic's servers, not here): not rendered
 IGNORED_BLOCKS = ("thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result",
                   "web_fetch_tool_result", "code_execution_tool_result", "container_upload")
-
-
 # the fields read here; the rest (thinking, context_management, output_config, service_tier, container,
 # mcp_servers, betas, ...) have no meaning on this server and are ignored with a debug log
 KNOWN_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "max_tokens", "stream",

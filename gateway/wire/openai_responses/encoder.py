@@ -15,7 +15,6 @@ from gateway.tool_calls import CallArgs, CallStart
 from gateway.wire.openai_responses.parse import ECHOED, ResponsesRequest
 
 
-# -- rendering -------------------------------------------------------------------------
 def failed_events(shell: dict[str, Any], seq: int, exc: BaseException) -> list[bytes]:
     """``error`` then ``response.failed`` (numbered from ``seq``): how a Responses stream ends
     when its turn fails after the stream started, here or on the replica it was relayed from."""

@@ -19,15 +19,11 @@ from gateway.chat_request import ChatRequest
 
 log = structlog.get_logger("specgate.http")
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
-
-
 # the fields read here; the rest (reasoning, include, client_metadata, service_tier, truncation, ...) have
 # no meaning on this server and are ignored with a debug log
 KNOWN_FIELDS = frozenset({"model", "input", "instructions", "tools", "tool_choice", "stream", "max_output_tokens",
                           "temperature", "top_p", "parallel_tool_calls", "text", "store", "metadata", "user",
                           "prompt_cache_key", "previous_response_id", "background", "conversation", "specprefill"})
-
-
 ECHOED = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "previous_response_id",
           "temperature", "top_p", "user", "prompt_cache_key")
 
@@ -41,7 +37,6 @@ class ResponsesRequest:
     echo: dict[str, Any]  # request fields a response object repeats back
 
 
-# -- parsing ---------------------------------------------------------------------------
 def parse(body: Any, request: web.Request, history: list[dict[str, Any]]) -> ResponsesRequest:
     config = request.app[keys.CONFIG]
     return parse_body(body, history, request.app[keys.DEFAULTS], config.gateway.limits, config.engine.n_ctx,

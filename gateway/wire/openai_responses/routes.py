@@ -17,7 +17,6 @@ from gateway.wire.openai_responses.store import body_of, continued, keep, new_id
 routes = web.RouteTableDef()
 
 
-# -- routes ----------------------------------------------------------------------
 @routes.post("/v1/responses")
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
