@@ -42,6 +42,8 @@ COUNTERS = {
     "specgate_prefix_misses": ("prefix_misses", "System prompts prefilled into the prefix cache."),
     "specgate_prefix_waits": ("prefix_waits", "Sessions that waited for another turn to cache their system prompt."),
     "specgate_prefix_adopted": ("prefix_adopted", "Sessions that started from an idle resident session's prefix KV."),
+    "specgate_prefix_copied": ("prefix_copied", "System prompts cached by copying a resident session's KV, "
+                               "not by prefilling them."),
     "specgate_implicit_hits": ("implicit_hits", "Requests naming no session that continued a held conversation."),
     "specgate_implicit_misses": ("implicit_misses",
                                  "Requests naming no session that matched no idle held conversation."),

@@ -390,7 +390,7 @@ class SessionManager:
             "spill_writes": parked.spill_writes, "spill_failures": parked.spill_failures,
             "spill_rejected": parked.spill_rejected,
             "prefix_hits": prefixes.hits, "prefix_misses": prefixes.misses, "prefix_waits": prefixes.waits,
-            "prefix_adopted": prefixes.adopted,
+            "prefix_adopted": prefixes.adopted, "prefix_copied": prefixes.copied,
             "implicit_hits": self.implicit.hits, "implicit_misses": self.implicit.misses,
             "implicit_reused": self.implicit.reused,
             "store_pending": self.writer.pending, "store_degraded": int(self.writer.degraded),

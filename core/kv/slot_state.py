@@ -48,6 +48,21 @@ class SlotKV:
                 adopted = n
         return adopted
 
+    def copy_prefix(self, tokens: tuple[int, ...], slot: int, donor: SessionKV,
+                    donor_slot: int) -> tuple[bytes, bytes] | None:
+        """Both models' state for exactly ``tokens``, copied from ``donor`` (resident in
+        ``donor_slot``, idle) through the empty ``slot``, which is left empty again; None when
+        the donor does not hold all of ``tokens`` densely in both models."""
+        n = len(tokens)
+        if dense_prefix(donor.target, tokens) < n or dense_prefix(donor.speculator, tokens) < n:
+            return None
+        for ctx in (self.target_ctx, self.speculator_ctx):
+            ctx.copy_seq(donor_slot, slot)
+            ctx.seq(slot).remove_from(n)
+        blobs = self.save(slot)
+        self.load(None, slot)
+        return blobs
+
     def prefill_prefix(self, tokens: tuple[int, ...], kv: SessionKV, slot: int) -> TurnSteps[tuple[bytes, bytes]]:
         """Prefill ``tokens`` densely into the empty ``slot`` in both models (requests to the
         step loop), and return both sequences' state: a shared prefix's cache entry."""

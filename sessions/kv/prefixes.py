@@ -48,8 +48,9 @@ class PrefixCache:
         self.min_tokens = min_tokens  # 0: off
         self._building: set[str] = set()
         self._seen: OrderedDict[str, None] = OrderedDict()
-        # restored / built / waited for another turn's build / adopted from a resident session
-        self.hits = self.misses = self.waits = self.adopted = 0
+        # restored / built / waited for another turn's build / adopted from a resident session /
+        # filled by copying a resident session's KV (no prefill)
+        self.hits = self.misses = self.waits = self.adopted = self.copied = 0
 
     @staticmethod
     def key(owner: str, tokens: Sequence[int]) -> str:

@@ -152,16 +152,21 @@ class Residency:
 
     def _start_from_prefix(self, engine: Engine, owner: str, kv: SessionKV, prompt: Prompt,
                            slot: int) -> TurnSteps[PrefixStart]:
-        """Start ``kv`` (empty, in ``slot``) from a shared prefix: copy the longest one an
-        idle resident session of the same owner holds densely when it is longer than the
-        system prompt (a conversation's branch, another agent's history); else restore the
-        owner's cached system prompt (sessions.kv.prefixes), wait while another turn builds
-        it, or build it if it is frequent."""
+        """Start ``kv`` (empty, in ``slot``) from a shared prefix.  Copying comes before
+        computing: the longest prefix an idle resident session of the same owner holds densely
+        is copied when it covers the system prompt (a sibling conversation, a conversation's
+        branch, another agent's history), and a wanted cache entry for the system prompt is
+        filled from that copy.  Else the owner's cached system prompt is restored
+        (sessions.kv.prefixes), waited for while another turn builds it, or built if it is
+        frequent."""
         t0, n = time.perf_counter(), self.prefixes.end(prompt)
         key = self.prefixes.key(owner, prompt.tokens[:n]) if n else ""
         donor = self._donor(owner, prompt.tokens)
-        if donor is not None and donor[2] > n or not n or not self.prefixes.wanted(key):
-            return PrefixStart(shared=self._adopt(engine, kv, prompt.tokens, slot, donor))
+        covered = n > 0 and donor is not None and donor[2] >= n
+        if covered or not n or not self.prefixes.wanted(key):
+            evicted = self._fill_from(engine, key, prompt.tokens[:n], slot, donor) if covered else []
+            return PrefixStart(shared=self._adopt(engine, kv, prompt.tokens, slot, donor),
+                               seconds=time.perf_counter() - t0, evicted=evicted)
         if self.prefixes.building(key):
             self.prefixes.waits += 1
             yield Wait(lambda: not self.prefixes.building(key))
@@ -178,6 +183,22 @@ class Residency:
             evicted = self.prefixes.finish(key, blobs)
         log.info("prefix_cached", tokens=n)
         return PrefixStart(built=n, seconds=time.perf_counter() - t0, evicted=evicted)
+
+    def _fill_from(self, engine: Engine, key: str, prefix: tuple[int, ...], slot: int,
+                   donor: tuple[int, Session, int] | None) -> list[str]:
+        """The cache entry for ``prefix``, copied from ``donor`` when it is wanted, missing, and
+        the donor holds it densely in both models (a copy, never a recompute).  Returns the
+        parked sessions evicted to make room."""
+        if donor is None or self.prefixes.building(key) or self.prefixes.get(key) is not None \
+                or not self.prefixes.wanted(key):
+            return []
+        donor_slot, holder, _ = donor
+        blobs = engine.slot_kv.copy_prefix(prefix, slot, holder.kv, donor_slot)
+        if blobs is None:
+            return []
+        self.prefixes.copied += 1
+        log.info("prefix_cached", tokens=len(prefix), copied_from=holder.id)
+        return self.prefixes.finish(key, blobs)
 
     def _donor(self, owner: str, tokens: tuple[int, ...]) -> tuple[int, Session, int] | None:
         """(slot, session, tokens) of the idle resident session of ``owner`` that holds the
