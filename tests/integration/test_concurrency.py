@@ -215,3 +215,35 @@ def test_sessions_that_start_together_prefill_their_shared_system_prompt_at_most
         assert "specgate_prefix_hits_total 1.0" in metrics and "specgate_prefix_misses_total 2.0" in metrics
     finally:
         server.stop()
+
+
+TOOL_PROMPT = [{"type": "function", "function": {
+    "name": f"tool_{i}", "description": f"Tool {i} reads the plant's logs for one unit and reports flow, pressure, "
+                                         "temperature and alarms, with timestamps.",
+    "parameters": {"type": "object", "properties": {"unit": {"type": "string", "description": "the unit id"},
+                                                    "hours": {"type": "integer"}}, "required": ["unit"]}}}
+    for i in range(24)]
+
+
+def test_a_sibling_conversation_copies_its_tool_prompt_instead_of_prefilling_it(tiny_target, tiny_speculator):
+    """Two conversations of one key with the same ~2K-token system prompt and tools: the
+    second copies the prompt's KV from the first (idle in its slot) and prefills only its own
+    tokens; it does not build the prefix cache entry by prefilling it all again."""
+    server = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2})
+    try:
+        def converse(sid: str, question: str) -> dict:
+            r = httpx.post(server.base + "/v1/chat/completions", headers={"X-SpecGate-Session": sid}, timeout=120,
+                           json={"messages": [{"role": "system", "content": "You operate the plant."},
+                                              {"role": "user", "content": question}],
+                                 "tools": TOOL_PROMPT, "max_tokens": 4})
+            assert r.status_code == 200, r.text
+            return r.json()["timings"]
+
+        first = converse("sib-1", "Which unit alarmed last night?")
+        second = converse("sib-2", "Report the flow of unit 7.")
+        assert first["context_n"] > 1500 and first["prefix_shared_n"] == 0
+        own = second["context_n"] - second["prefix_shared_n"]
+        assert second["prefix_built_n"] == 0 and second["prefix_shared_n"] > 1500, second
+        assert second["prompt_n"] <= own < 40  # only its own tokens went into the target
+    finally:
+        server.stop()
