@@ -14,9 +14,11 @@ from core.config import Limits
 from tests.support import start_gateway
 
 CAP = 8000
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-TOOLS = [{"type": "function", "name": f"tool_{i}", "description": "An unused tool. " * 8, "parameters": WEATHER}
-         for i in range(30)] + [{"type": "web_search"}]
+# an enum bounds the forced call: a tiny model writes a free string on and on
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}},
+           "required": ["city"]}
+TOOLS = [{"type": "function", "name": f"tool_{i}", "description": "An unused tool.", "parameters": WEATHER}
+         for i in range(12)] + [{"type": "web_search"}]
 INSTRUCTIONS = "You are a careful assistant. " * 100  # ~2.8 KB, echoed in every stored body
 
 
