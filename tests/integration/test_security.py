@@ -137,7 +137,7 @@ def test_bad_fields_get_4xx_and_leave_the_session_intact(gw, extra, status):
 def test_a_flood_of_tiny_messages_is_refused_before_the_model_thread():
     from core.errors import RequestTooLarge
     from core.policies import TurnParams
-    from gateway import protocol
+    from gateway import chat_request as protocol
 
     body = {"messages": [{"role": "user", "content": "x"}] * 20_000}
     t0 = time.perf_counter()
