@@ -301,7 +301,8 @@ def test_agent_sized_bodies_in_flight_are_replayed_when_a_replica_dies(cluster):
         while (rec := cluster.record("anonymous", sid))["turns"] < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert rec["turns"] == 2 and rec["history"][-2]["content"] == "Count to 200.", rec["history"][-2:]
-    assert results["responses"].json()["status"] == "completed"
+    done = results["responses"].json()  # whole: tiny models never stop, so it ran to its token limit
+    assert done["status"] == "incomplete" and done["incomplete_details"]["reason"] == "max_output_tokens"
     cluster.wait_exit(2)
     cluster.restart(2)
 
