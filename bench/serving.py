@@ -56,6 +56,7 @@ def specgate_cmd(port: int, engine: EngineConfig, **extra: Any) -> list[str]:
     cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--target", engine.target,
            "--speculator", engine.speculator, "--scorer", engine.scorer, "--n-ctx", str(engine.n_ctx),
            "--log-level", "warning"]
+    extra.setdefault("kv_tier_dir", "")  # benches measure from cold unless they name a tier
     for k, v in extra.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     return cmd

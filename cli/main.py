@@ -54,6 +54,9 @@ HELP = {
     "n_threads": "llama.cpp threads (default: all cores)",
     "api_keys_file": "file of API keys, one per line (or SPECGATE_API_KEYS=k1,k2); none = no authentication",
     "kv_spill_max_mb": "disk the spilled KV may take; past it the oldest spills are dropped",
+    "kv_tier_dir": "keep shared prefixes' KV in this folder across restarts, and share it with replicas that use "
+                   "the same one (auto: the cache dir, next to the models; empty: off)",
+    "kv_tier_max_mb": "disk the KV tier may take; past it the least recently used entries are dropped",
     "drain_timeout_s": "on SIGTERM, how long running turns may take to finish",
     "max_messages": "most messages one request may carry (413 past it)",
     "max_prompt_chars": "most content characters one request may carry (0 = 16 per context token)",

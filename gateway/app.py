@@ -18,6 +18,7 @@ import aiohttp
 import structlog
 from aiohttp import WSCloseCode, web
 
+from core.models.model_files import models_dir
 from core.policies import TurnParams
 from gateway import (
     auth,
@@ -71,9 +72,15 @@ def layer_settings(config: ServeConfig, replica_id: str) -> LayerSettings:
     return LayerSettings(replica_id=replica_id, advertise_url=advertise_url(gw), redis_url=gw.redis_url,
                          session_ttl_s=gw.session_ttl_s, lease_ms=gw.lease_ms, max_queue=gw.max_queue,
                          kv_budget_mb=gw.kv_budget_mb, kv_spill_dir=gw.kv_spill_dir,
-                         kv_spill_max_mb=gw.kv_spill_max_mb, prefix_min_tokens=gw.prefix_min_tokens,
+                         kv_spill_max_mb=gw.kv_spill_max_mb, kv_tier_dir=tier_dir(gw.kv_tier_dir),
+                         kv_tier_max_mb=gw.kv_tier_max_mb, prefix_min_tokens=gw.prefix_min_tokens,
                          implicit_min_share=gw.implicit_min_share, close_timeout_s=min(5.0, gw.drain_timeout_s),
                          limits=gw.limits)
+
+
+def tier_dir(configured: str) -> str:
+    """``auto``: the cache dir, beside the models (so a restart finds what it wrote)."""
+    return str(models_dir().parent / "kv-tier") if configured == "auto" else configured
 
 
 def advertise_url(cfg: GatewayConfig) -> str:

@@ -34,6 +34,7 @@ GAUGES = {
     "specgate_kv_bytes_disk": ("kv_disk", "Parked session KV spilled to disk."),
     "specgate_store_pending_writes": ("store_pending", "Session records waiting for the store."),
     "specgate_store_degraded": ("store_degraded", "1 while store writes are failing."),
+    "specgate_kv_tier_bytes": ("tier_bytes", "Shared prefixes' KV kept in the KV tier's folder."),
 }
 COUNTERS = {
     "specgate_kv_evictions": ("kv_evictions", "Parked KV evicted from RAM."),
@@ -44,6 +45,9 @@ COUNTERS = {
     "specgate_prefix_adopted": ("prefix_adopted", "Sessions that started from an idle resident session's prefix KV."),
     "specgate_prefix_copied": ("prefix_copied", "System prompts cached by copying a resident session's KV, "
                                "not by prefilling them."),
+    "specgate_kv_tier_hits": ("tier_hits", "Prefixes restored from the KV tier instead of prefilled."),
+    "specgate_kv_tier_writes": ("tier_writes", "Prefix entries written to the KV tier."),
+    "specgate_kv_tier_rejected": ("tier_rejected", "KV tier files discarded by their checks (recomputed)."),
     "specgate_implicit_hits": ("implicit_hits", "Requests naming no session that continued a held conversation."),
     "specgate_implicit_misses": ("implicit_misses",
                                  "Requests naming no session that matched no idle held conversation."),

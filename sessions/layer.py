@@ -18,6 +18,7 @@ from core.config import EngineConfig, Limits
 from core.runtime.worker import ModelState, ModelWorker
 from sessions.admission import FairAdmission
 from sessions.kv.parked import ParkedKV
+from sessions.kv.tier import DirectoryTier
 from sessions.manager import SessionManager
 from sessions.metadata import MetadataStore, RedisStore, open_store
 from sessions.registry import LocalRegistry, RedisRegistry, Registry
@@ -39,6 +40,8 @@ class LayerSettings:
     kv_budget_mb: int = 2048
     kv_spill_dir: str = ""
     kv_spill_max_mb: int = 8192
+    kv_tier_dir: str = ""  # empty: no tier
+    kv_tier_max_mb: int = 16384
     prefix_min_tokens: int = 256
     implicit_min_share: float = 0.5
     close_timeout_s: float = 5.0  # what the writer gets to flush on close
@@ -46,12 +49,13 @@ class LayerSettings:
 
 
 def model_fingerprint(engine: EngineConfig) -> bytes:
-    """Which model pair a spilled KV file belongs to (names and sizes: cheap, and enough)."""
+    """Which model pair, and which KV cache type, a saved KV file belongs to (names and sizes:
+    cheap, and enough; a state saved as f16 does not load into a q8_0 cache)."""
     parts = []
     for path in (engine.target, engine.speculator):
         p = Path(path)
         parts.append(f"{p.name}:{p.stat().st_size if p.exists() else 0}")
-    return "|".join(parts).encode()
+    return "|".join([*parts, engine.kv_type]).encode()
 
 
 @contextlib.asynccontextmanager
@@ -62,8 +66,13 @@ async def open_layer(engine: EngineConfig, s: LayerSettings) -> AsyncIterator[Se
         admission = FairAdmission(s.max_queue, engine.slots)
         parked = ParkedKV(s.kv_budget_mb << 20, s.kv_spill_dir or None, model_fingerprint(engine),
                           s.kv_spill_max_mb << 20, namespace=s.replica_id)
+        tier = DirectoryTier(s.kv_tier_dir, model_fingerprint(engine), s.kv_tier_max_mb << 20) \
+            if s.kv_tier_dir else None
+        if tier is not None:
+            stack.callback(tier.close)  # before the models close: a write under way lands
+            log.info("kv_tier_opened", dir=str(tier.dir), max_mb=s.kv_tier_max_mb)
         manager = SessionManager(worker, store, parked, admission, writer, s.limits, s.session_ttl_s, registry,
-                                 s.prefix_min_tokens, s.implicit_min_share)
+                                 s.prefix_min_tokens, s.implicit_min_share, tier)
         admission.start()
         stack.push_async_callback(admission.stop)
         registry.start(manager.held, manager.forget)

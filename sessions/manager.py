@@ -45,6 +45,7 @@ from sessions.kv.parked import ParkedKV
 from sessions.kv.prefixes import PrefixCache
 from sessions.kv.residency import Residency, TurnOutcome
 from sessions.kv.slot_table import SlotTable
+from sessions.kv.tier import DirectoryTier
 from sessions.metadata import MetadataStore
 from sessions.registry import LocalRegistry, Registry
 from sessions.session import IMPLICIT_PREFIX, KVLocation, Session, SessionState
@@ -61,7 +62,7 @@ class SessionManager:
     def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV, admission: FairAdmission,
                  writer: StoreWriter, limits: Limits = DEFAULT_LIMITS, ttl_s: float = 86400,
                  registry: Registry | None = None, prefix_min_tokens: int = 256,
-                 implicit_min_share: float = 0.5) -> None:
+                 implicit_min_share: float = 0.5, tier: DirectoryTier | None = None) -> None:
         self.worker = worker
         self.store = store
         self.parked = parked
@@ -72,7 +73,7 @@ class SessionManager:
         self.registry: Registry = registry or LocalRegistry()
         self._sessions: dict[str, Session] = {}
         self.residency = Residency(worker.config.slots, parked, prefix_min_tokens,
-                                   lambda s: self._sessions.get(s.key) is s)  # model thread only
+                                   lambda s: self._sessions.get(s.key) is s, tier)  # model thread only
         self.implicit = ImplicitSessions(implicit_min_share)  # event loop only
 
     @property
@@ -391,6 +392,9 @@ class SessionManager:
             "spill_rejected": parked.spill_rejected,
             "prefix_hits": prefixes.hits, "prefix_misses": prefixes.misses, "prefix_waits": prefixes.waits,
             "prefix_adopted": prefixes.adopted, "prefix_copied": prefixes.copied,
+            "tier_hits": prefixes.tier_hits, "tier_writes": prefixes.tier.writes if prefixes.tier else 0,
+            "tier_rejected": prefixes.tier.rejected if prefixes.tier else 0,
+            "tier_bytes": prefixes.tier.bytes_on_disk if prefixes.tier else 0,
             "implicit_hits": self.implicit.hits, "implicit_misses": self.implicit.misses,
             "implicit_reused": self.implicit.reused,
             "store_pending": self.writer.pending, "store_degraded": int(self.writer.degraded),

@@ -133,6 +133,7 @@ def start_gateway(target: Path, speculator: Path, prefill: PrefillPolicy = TEST_
                   **gateway_kwargs: Any) -> GatewayThread:
     # replies the tiny models ramble on to max_tokens: keep the unset default at its old 256
     gateway_kwargs.setdefault("limits", Limits(default_max_tokens=256))
+    gateway_kwargs.setdefault("kv_tier_dir", "")  # no KV tier unless a test asks: tests share no prefixes
     gw = GatewayConfig(port=free_port(), **gateway_kwargs)
     return GatewayThread(ServeConfig(gw, engine_config(target, speculator, **(engine or {})), prefill,
                                      decoding or DecodingPolicy()))
@@ -172,7 +173,8 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [str(exe), "serve", "--target", str(target), "--speculator", str(speculator), "--port", str(self.port),
              "--n-ctx", "4096", "--n-threads", "2", "--calibrate-tokens", "64", *flags],
-            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+            stdout=self.log, stderr=subprocess.STDOUT,
+            env={**os.environ, "SPECGATE_KV_TIER_DIR": "", **(env or {})})  # a test's flags may name a tier
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

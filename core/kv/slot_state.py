@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from core.errors import EngineError
 from core.kv.positions import SessionKV, dense_prefix
 from core.llama.context import Context
 from core.specprefill.cost_model import Costs
@@ -50,16 +51,19 @@ class SlotKV:
 
     def copy_prefix(self, tokens: tuple[int, ...], slot: int, donor: SessionKV,
                     donor_slot: int) -> tuple[bytes, bytes] | None:
-        """Both models' state for exactly ``tokens``, copied from ``donor`` (resident in
-        ``donor_slot``, idle) through the empty ``slot``, which is left empty again; None when
-        the donor does not hold all of ``tokens`` densely in both models."""
+        """The state for exactly ``tokens``, copied from ``donor`` (resident in ``donor_slot``,
+        idle) through the empty ``slot``, which is left empty again; None when the donor does
+        not hold all of ``tokens`` densely in the target.  The speculator's part is empty
+        when the donor's speculator does not hold them (deferred by the tool guard): a session
+        restored from it catches its speculator up later, as that donor would have."""
         n = len(tokens)
-        if dense_prefix(donor.target, tokens) < n or dense_prefix(donor.speculator, tokens) < n:
+        if dense_prefix(donor.target, tokens) < n:
             return None
-        for ctx in (self.target_ctx, self.speculator_ctx):
+        with_speculator = dense_prefix(donor.speculator, tokens) >= n
+        for ctx in (self.target_ctx, self.speculator_ctx) if with_speculator else (self.target_ctx,):
             ctx.copy_seq(donor_slot, slot)
             ctx.seq(slot).remove_from(n)
-        blobs = self.save(slot)
+        blobs = (self.target_ctx.seq(slot).save(), self.speculator_ctx.seq(slot).save() if with_speculator else b"")
         self.load(None, slot)
         return blobs
 
@@ -74,8 +78,16 @@ class SlotKV:
             state.extend(tokens, range(len(tokens)))
         return self.save(slot)
 
-    def restore_prefix(self, blobs: tuple[bytes, bytes], tokens: tuple[int, ...], kv: SessionKV, slot: int) -> None:
-        """Start the empty ``slot`` from a shared prefix's state (:meth:`prefill_prefix`)."""
-        self.load(blobs, slot)
-        for state in (kv.target, kv.speculator):
-            state.extend(tokens, range(len(tokens)))
+    def restore_prefix(self, blobs: tuple[bytes, bytes], tokens: tuple[int, ...], kv: SessionKV, slot: int) -> bool:
+        """Start the empty ``slot`` from a shared prefix's state (:meth:`prefill_prefix`); False,
+        with the slot left empty, when llama.cpp cannot load it (a state written by another
+        build or with other context settings: the caller builds the prefix instead)."""
+        try:
+            self.load(blobs, slot)
+        except EngineError:
+            self.load(None, slot)
+            return False
+        for state, blob in ((kv.target, blobs[0]), (kv.speculator, blobs[1])):
+            if blob:  # an empty speculator part: the prefix is deferred there
+                state.extend(tokens, range(len(tokens)))
+        return True

@@ -13,8 +13,10 @@ so sessions that all start at once prefill it twice at most, not once each.
 Entries are keyed by the owner and the exact token sequence: a session restores
 only tokens its own prompt carries, and never another key's.  Their bytes live in
 :class:`ParkedKV` beside the parked sessions, under the same RAM budget and LRU
-order; an evicted entry is dropped (not spilled) and simply built again.  Model
-thread only, like the slot table.
+order; an evicted entry is dropped (not spilled).  With a KV tier
+(sessions.kv.tier), every entry is also written there, and one found there is
+restored rather than built: after an eviction, after a restart, or when another
+replica built it.  Model thread only, like the slot table.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 
 from core.prompt import Prompt
 from sessions.kv.parked import Blobs, ParkedKV
+from sessions.kv.tier import DirectoryTier
 
 SEEN_KEYS = 4096  # prefixes remembered as seen once (a key each, no KV)
 KEY_MARK = "\0prefix:"  # no session key starts with a NUL: the two never collide in ParkedKV
@@ -43,14 +46,16 @@ def prefix_end(prompt: Prompt, min_tokens: int) -> int:
 
 
 class PrefixCache:
-    def __init__(self, parked: ParkedKV, min_tokens: int) -> None:
+    def __init__(self, parked: ParkedKV, min_tokens: int, tier: DirectoryTier | None = None) -> None:
         self.parked = parked
+        self.tier = tier
         self.min_tokens = min_tokens  # 0: off
         self._building: set[str] = set()
         self._seen: OrderedDict[str, None] = OrderedDict()
         # restored / built / waited for another turn's build / adopted from a resident session /
         # filled by copying a resident session's KV (no prefill)
         self.hits = self.misses = self.waits = self.adopted = self.copied = 0
+        self.tier_hits = 0  # restored from the KV tier (counted in hits too)
 
     @staticmethod
     def key(owner: str, tokens: Sequence[int]) -> str:
@@ -63,8 +68,12 @@ class PrefixCache:
         return prefix_end(prompt, self.min_tokens) if self.min_tokens else 0
 
     def wanted(self, key: str) -> bool:
-        """Whether a turn should use ``key``: it is cached, being built, or seen before."""
-        return self.building(key) or self.get(key) is not None or self.frequent(key)
+        """Whether a turn should use ``key``: it is cached (here or in the tier), being built,
+        or seen before."""
+        return self.building(key) or self.get(key) is not None or self.in_tier(key) or self.frequent(key)
+
+    def in_tier(self, key: str) -> bool:
+        return self.tier is not None and self.tier.path(key).exists()
 
     def frequent(self, key: str) -> bool:
         """Whether ``key`` was seen before; the first time, remember it and say no."""
@@ -82,12 +91,32 @@ class PrefixCache:
     def get(self, key: str) -> Blobs | None:
         return self.parked.peek(key)
 
+    def load(self, key: str) -> tuple[Blobs | None, list[str]]:
+        """The entry from RAM, else from the tier (kept in RAM again): (blobs, the parked
+        sessions evicted to make room)."""
+        if (blobs := self.get(key)) is not None or self.tier is None:
+            return blobs, []
+        if (blobs := self.tier.get(key)) is None:
+            return None, []
+        self.tier_hits += 1
+        return blobs, self.parked.put(key, blobs, spill=False)
+
     def begin(self, key: str) -> None:
         """This turn builds ``key``; others that need it wait (see :meth:`building`)."""
         self._building.add(key)
+
+    def forget(self, key: str) -> None:
+        """Drop an entry llama.cpp could not load, here and in the tier."""
+        self.parked.discard(key)
+        if self.tier is not None:
+            self.tier.path(key).unlink(missing_ok=True)
 
     def finish(self, key: str, blobs: Blobs | None) -> list[str]:
         """The build ended: keep its state (None: it failed, the next turn builds it).
         Returns the parked sessions evicted to make room."""
         self._building.discard(key)
-        return self.parked.put(key, blobs, spill=False) if blobs is not None else []
+        if blobs is None:
+            return []
+        if self.tier is not None:
+            self.tier.put(key, blobs)
+        return self.parked.put(key, blobs, spill=False)

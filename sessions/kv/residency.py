@@ -29,6 +29,7 @@ from core.turn_request import TurnRequest
 from sessions.kv.parked import ParkedKV
 from sessions.kv.prefixes import PrefixCache
 from sessions.kv.slot_table import Seat, SlotTable
+from sessions.kv.tier import DirectoryTier
 from sessions.session import KVLocation, Session, SessionState
 
 if TYPE_CHECKING:  # the engine runs on the model thread; this module only hands it work
@@ -64,12 +65,12 @@ class PrefixStart:
 
 class Residency:
     def __init__(self, slots: int, parked: ParkedKV, prefix_min_tokens: int,
-                 holds: Callable[[Session], bool]) -> None:
+                 holds: Callable[[Session], bool], tier: DirectoryTier | None = None) -> None:
         """``holds(session)``: whether the session table still holds that very session (one
         deleted, expired or moved away meanwhile has nothing worth parking)."""
         self.slots = SlotTable(slots)
         self.parked = parked
-        self.prefixes = PrefixCache(parked, prefix_min_tokens)
+        self.prefixes = PrefixCache(parked, prefix_min_tokens, tier)
         self._holds = holds
 
     def location(self, session: Session) -> str:
@@ -170,25 +171,28 @@ class Residency:
         if self.prefixes.building(key):
             self.prefixes.waits += 1
             yield Wait(lambda: not self.prefixes.building(key))
-        if (blobs := self.prefixes.get(key)) is not None:
-            engine.slot_kv.restore_prefix(blobs, prompt.tokens[:n], kv, slot)
-            self.prefixes.hits += 1
-            return PrefixStart(shared=n, seconds=time.perf_counter() - t0)
+        blobs, evicted = self.prefixes.load(key)
+        if blobs is not None:
+            if engine.slot_kv.restore_prefix(blobs, prompt.tokens[:n], kv, slot):
+                self.prefixes.hits += 1
+                return PrefixStart(shared=n, seconds=time.perf_counter() - t0, evicted=evicted)
+            self.prefixes.forget(key)
+            log.warning("prefix_unloadable", tokens=n)
         self.prefixes.misses += 1
         self.prefixes.begin(key)
         blobs = None
         try:
             blobs = yield from engine.slot_kv.prefill_prefix(prompt.tokens[:n], kv, slot)
         finally:
-            evicted = self.prefixes.finish(key, blobs)
+            evicted += self.prefixes.finish(key, blobs)
         log.info("prefix_cached", tokens=n)
         return PrefixStart(built=n, seconds=time.perf_counter() - t0, evicted=evicted)
 
     def _fill_from(self, engine: Engine, key: str, prefix: tuple[int, ...], slot: int,
                    donor: tuple[int, Session, int] | None) -> list[str]:
-        """The cache entry for ``prefix``, copied from ``donor`` when it is wanted, missing, and
-        the donor holds it densely in both models (a copy, never a recompute).  Returns the
-        parked sessions evicted to make room."""
+        """The cache entry for ``prefix``, copied from ``donor`` when it is wanted and missing (a
+        copy, never a recompute; the speculator's part only where the donor holds it).  Returns
+        the parked sessions evicted to make room."""
         if donor is None or self.prefixes.building(key) or self.prefixes.get(key) is not None \
                 or not self.prefixes.wanted(key):
             return []

@@ -1,0 +1,104 @@
+"""A prefix computed once serves a restart: the KV tier keeps the system prompt's KV in a
+folder, and a new server on that folder restores it instead of prefilling it.  A tier file
+that fails its checks is deleted and the prefix recomputed.  Real models (the tiny pair),
+real gateways, one after another on one folder."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.support import start_gateway
+
+SYSTEM = ("You operate the plant. Units report flow, pressure and temperature every minute; alarms name "
+          "the unit, the reading and the limit it crossed. ") * 40  # ~1.2K tokens, the shared prefix
+
+
+def converse(base: str, sid: str, question: str) -> dict:
+    r = httpx.post(base + "/v1/chat/completions", headers={"X-SpecGate-Session": sid}, timeout=120,
+                   json={"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+                         "max_tokens": 4, "specprefill": False})
+    assert r.status_code == 200, r.text
+    return r.json()["timings"]
+
+
+def metric(base: str, name: str) -> float:
+    line = next(x for x in httpx.get(base + "/metrics").text.splitlines() if x.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def serve(tiny_target, tiny_speculator, tier):
+    return start_gateway(tiny_target, tiny_speculator, engine={"slots": 1}, kv_tier_dir=str(tier))
+
+
+def test_a_restarted_server_restores_the_prefix_from_the_tier(tiny_target, tiny_speculator, tmp_path):
+    first = serve(tiny_target, tiny_speculator, tmp_path)
+    try:
+        converse(first.base, "t-1", "Which unit alarmed?")
+        built = converse(first.base, "t-2", "Report unit 7.")  # seen twice: built, and written to the tier
+        n = built["prefix_built_n"]
+        assert n > 1000
+    finally:
+        first.stop()  # closing waits for the tier's writes
+    assert len(list(tmp_path.rglob("*.kv"))) == 1
+    again = serve(tiny_target, tiny_speculator, tmp_path)
+    try:
+        t = converse(again.base, "t-3", "Report unit 9.")  # the first time this process sees it
+        assert t["prefix_shared_n"] == n and t["prefix_built_n"] == 0 and t["cache_n"] == n
+        assert t["prompt_n"] == t["context_n"] - n  # only its own tokens were prefilled
+        assert metric(again.base, "specgate_kv_tier_hits_total") == 1
+    finally:
+        again.stop()
+
+
+def test_a_damaged_tier_file_is_recomputed_not_loaded(tiny_target, tiny_speculator, tmp_path):
+    first = serve(tiny_target, tiny_speculator, tmp_path)
+    try:
+        converse(first.base, "d-1", "Which unit alarmed?")
+        n = converse(first.base, "d-2", "Report unit 7.")["prefix_built_n"]
+    finally:
+        first.stop()
+    (path,) = tmp_path.rglob("*.kv")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    again = serve(tiny_target, tiny_speculator, tmp_path)
+    try:
+        t = converse(again.base, "d-3", "Report unit 9.")
+        assert t["prefix_shared_n"] == 0 and t["prefix_built_n"] == n  # recomputed, then written again
+        assert metric(again.base, "specgate_kv_tier_rejected_total") == 1
+    finally:
+        again.stop()
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": f"tool_{i}", "description": f"Tool {i} reads one unit's logs: flow, pressure, temperature, alarms.",
+    "parameters": {"type": "object", "properties": {"unit": {"type": "string"}}, "required": ["unit"]}}}
+    for i in range(24)]
+
+
+def agent_turn(base: str, sid: str, question: str) -> dict:
+    r = httpx.post(base + "/v1/chat/completions", headers={"X-SpecGate-Session": sid}, timeout=120,
+                   json={"messages": [{"role": "system", "content": "You operate the plant."},
+                                      {"role": "user", "content": question}], "tools": TOOLS, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    return r.json()["timings"]
+
+
+def test_a_sibling_conversation_fills_the_tier_by_copying_and_a_restart_restores_it(
+        tiny_target, tiny_speculator, tmp_path):
+    """The agent's path: a tool-heavy prompt (its speculator deferred by the tool guard), a
+    sibling conversation that copies it from the first (no prefill), the entry filled from
+    that copy and written to the tier, and a restarted server that restores it."""
+    first = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2}, kv_tier_dir=str(tmp_path))
+    try:
+        agent_turn(first.base, "s-1", "Which unit alarmed?")
+        sibling = agent_turn(first.base, "s-2", "Report unit 7.")
+        n = sibling["prefix_shared_n"]
+        assert n > 1000 and sibling["prefix_built_n"] == 0
+        assert metric(first.base, "specgate_prefix_copied_total") == 1
+    finally:
+        first.stop()
+    again = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2}, kv_tier_dir=str(tmp_path))
+    try:
+        t = agent_turn(again.base, "s-3", "Report unit 9.")
+        assert t["prefix_shared_n"] > 1000 and t["prefix_built_n"] == 0 and t["prompt_n"] < 40, t
+    finally:
+        again.stop()

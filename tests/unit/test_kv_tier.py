@@ -1,0 +1,56 @@
+"""The directory KV tier without a model: entries round-trip, are shared by two tiers on one
+folder (two replicas, or a restart), and a file that fails a check -- truncated, flipped,
+written for another model pair -- is deleted and reported missing, never returned; the
+folder stays within its byte budget, least recently used first."""
+
+from __future__ import annotations
+
+import os
+
+from sessions.kv.tier import DirectoryTier
+
+BLOBS = (b"target-kv" * 100, b"speculator-kv" * 50)
+
+
+def written(tier: DirectoryTier, key: str, blobs: tuple[bytes, bytes] = BLOBS) -> None:
+    tier.put(key, blobs)
+    tier._writer.submit(lambda: None).result(10)  # the writes before it have landed
+
+
+def test_an_entry_round_trips_and_another_tier_on_the_folder_finds_it(tmp_path):
+    a = DirectoryTier(tmp_path, b"pair-1", 1 << 20)
+    assert a.get("k") is None and a.misses == 1
+    written(a, "k")
+    b = DirectoryTier(tmp_path, b"pair-1", 1 << 20)  # a restarted process, or another replica
+    assert b.get("k") == BLOBS and b.hits == 1
+    assert [p.suffix for p in a.dir.iterdir()] == [".kv"]  # no partial file left
+    a.close()
+    b.close()
+
+
+def test_a_damaged_or_foreign_file_is_deleted_and_never_loaded(tmp_path):
+    tier = DirectoryTier(tmp_path, b"pair-1", 1 << 20)
+    for damage in (lambda d: d[: len(d) // 2], lambda d: d[:-1] + bytes([d[-1] ^ 1])):
+        written(tier, "k")
+        path = tier.path("k")
+        path.write_bytes(damage(path.read_bytes()))
+        assert tier.get("k") is None and not path.exists()
+    written(tier, "k")
+    other = DirectoryTier(tmp_path, b"pair-2", 1 << 20)  # another model pair or KV type
+    assert other.get("k") is None and other.rejected == 1 and tier.rejected == 2
+    tier.close()
+    other.close()
+
+
+def test_the_folder_stays_within_its_budget_least_recently_used_first(tmp_path):
+    one = len(BLOBS[0]) + len(BLOBS[1]) + 100  # an entry with its header
+    tier = DirectoryTier(tmp_path, b"pair-1", 2 * one)
+    written(tier, "a")
+    written(tier, "b")
+    os.utime(tier.path("a"), (2, 2))
+    os.utime(tier.path("b"), (1, 1))
+    assert tier.get("b") == BLOBS and tier.path("b").stat().st_mtime > 2  # a read makes it the newest
+    written(tier, "c")
+    assert not tier.path("a").exists() and tier.get("b") == BLOBS and tier.get("c") == BLOBS
+    assert tier.bytes_on_disk <= 2 * one
+    tier.close()
