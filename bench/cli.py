@@ -20,7 +20,7 @@ from core.models import model_files
 from core.policies import PrefillPolicy
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
-             "long_prefill", "scorers", "constrained", "stateless", "clients")
+             "long_prefill", "scorers", "constrained", "stateless", "clients", "agent_scale")
 EXTRA_HINT = "the benchmarks need the bench extra: .venv/bin/pip install -e '.[bench]'"
 
 
@@ -214,10 +214,17 @@ def clients(r: Run) -> Any:
     return clients.run(r.engine, r.path("clients"), r.arms(tuple(clients.CLIENTS)))
 
 
+def agent_scale(r: Run) -> Any:
+    from bench import agent_scale
+
+    return agent_scale.run(r.engine, r.path("agent_scale"))
+
+
 REGISTRY: dict[str, Callable[[Run], Any]] = {
     "first_turn": first_turn, "multi_turn": multi_turn, "overhead": overhead, "topp": topp, "planner": planner,
     "soak": soak, "fuzz": fuzz, "failover": failover, "concurrency": concurrency, "long_prefill": long_prefill,
     "scorers": scorers, "constrained": constrained, "stateless": stateless, "clients": clients,
+    "agent_scale": agent_scale,
 }
 
 
