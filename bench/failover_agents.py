@@ -27,7 +27,7 @@ from bench.common import progress, write_result
 from bench.failover import kill_while_running
 from bench.soak import WORDS
 
-REASONING = "Let me think about the pump logs step by step. " * 1600  # ~78 KB, as agents send it back
+REASONING = "Let me think about the pump logs step by step. " * 1800  # ~82 KB, as agents send it back
 TERMINAL = {"anthropic": "message_stop", "responses": "response.completed"}
 
 
