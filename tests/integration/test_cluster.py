@@ -74,6 +74,17 @@ def wait_running(url: str, at_least: int = 1, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
+def kill_r2_while(cluster, go, keys: list[str]) -> None:
+    """Run ``go(key)`` for every key at once, SIGKILL r2 as soon as it runs one, wait for all."""
+    threads = [threading.Thread(target=go, args=(key,)) for key in keys]
+    for th in threads:
+        th.start()
+    wait_running(cluster.url(2))
+    cluster.kill(2, signal.SIGKILL)
+    for th in threads:
+        th.join()
+
+
 def owned_by(cluster, i: int, sid: str) -> list[dict]:
     """A new session whose first turn ran on replica ``i`` (so ``i`` holds its lease)."""
     history: list[dict] = [{"role": "system", "content": "You log pumps."}]
@@ -232,13 +243,7 @@ def test_turns_in_flight_through_the_balancer_when_a_replica_dies(cluster):
     def go(sid: str) -> None:
         results[sid] = turn(cluster.base, sid, histories[sid], "Count to 200.", max_tokens=200)
 
-    threads = [threading.Thread(target=go, args=(sid,)) for sid in histories]
-    for th in threads:
-        th.start()
-    wait_running(cluster.url(2))
-    cluster.kill(2, signal.SIGKILL)
-    for th in threads:
-        th.join()
+    kill_r2_while(cluster, go, list(histories))
     assert all(r.status_code == 200 for r in results.values()), {s: r.text[:200] for s, r in results.items()}
     assert any(r.json()["timings"]["kv_rebuilt"] for r in results.values())  # some really moved
     for sid, history in histories.items():
@@ -286,13 +291,7 @@ def test_agent_sized_bodies_in_flight_are_replayed_when_a_replica_dies(cluster):
             results[key] = httpx.post(cluster.base + "/v1/messages", timeout=180, json=bodies[key],
                                       headers={"X-SpecGate-Session": key})
 
-    threads = [threading.Thread(target=go, args=(key,)) for key in bodies]
-    for th in threads:
-        th.start()
-    wait_running(cluster.url(2))
-    cluster.kill(2, signal.SIGKILL)
-    for th in threads:
-        th.join()
+    kill_r2_while(cluster, go, list(bodies))
     assert all(r.status_code == 200 for r in results.values()), {k: r.text[:300] for k, r in results.items()}
     assert {replica(r) for r in results.values()} == {"r1"}
     for sid in sids:
