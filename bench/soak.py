@@ -159,7 +159,8 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 100
     pids: list[int] = []
     stop = threading.Event()
     try:
-        with server(cmd, port, logs / "soak.log", pids) as base:
+        name = "soak_responses" if responses else "soak_stateless" if stateless else "soak"
+        with server(cmd, port, logs / f"{name}.log", pids) as base:
             th = threading.Thread(target=sampler, args=(pids[0], base, samples, stop, rport), daemon=True)
             th.start()
             progress(f"soak: {n_sessions} sessions x {turns} turns")

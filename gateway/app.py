@@ -73,7 +73,8 @@ def layer_settings(config: ServeConfig, replica_id: str) -> LayerSettings:
                          session_ttl_s=gw.session_ttl_s, lease_ms=gw.lease_ms, max_queue=gw.max_queue,
                          kv_budget_mb=gw.kv_budget_mb, kv_spill_dir=gw.kv_spill_dir,
                          kv_spill_max_mb=gw.kv_spill_max_mb, kv_tier_dir=tier_dir(gw.kv_tier_dir),
-                         kv_tier_max_mb=gw.kv_tier_max_mb, prefix_min_tokens=gw.prefix_min_tokens,
+                         kv_tier_max_mb=gw.kv_tier_max_mb, catch_up_tokens=gw.catch_up_tokens,
+                         prefix_min_tokens=gw.prefix_min_tokens,
                          implicit_min_share=gw.implicit_min_share, close_timeout_s=min(5.0, gw.drain_timeout_s),
                          limits=gw.limits)
 

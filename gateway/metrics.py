@@ -45,6 +45,9 @@ COUNTERS = {
     "specgate_prefix_adopted": ("prefix_adopted", "Sessions that started from an idle resident session's prefix KV."),
     "specgate_prefix_copied": ("prefix_copied", "System prompts cached by copying a resident session's KV, "
                                "not by prefilling them."),
+    "specgate_speculator_caught_up_tokens": ("caught_up", "Scorer tokens prefilled in idle time, so that a "
+                                             "session's next turn scores only its new tokens."),
+    "specgate_idle_chunks": ("idle_chunks", "Chunks of idle work the model thread ran between turns."),
     "specgate_kv_tier_hits": ("tier_hits", "Prefixes restored from the KV tier instead of prefilled."),
     "specgate_kv_tier_writes": ("tier_writes", "Prefix entries written to the KV tier."),
     "specgate_kv_tier_rejected": ("tier_rejected", "KV tier files discarded by their checks (recomputed)."),

@@ -134,6 +134,7 @@ def start_gateway(target: Path, speculator: Path, prefill: PrefillPolicy = TEST_
     # replies the tiny models ramble on to max_tokens: keep the unset default at its old 256
     gateway_kwargs.setdefault("limits", Limits(default_max_tokens=256))
     gateway_kwargs.setdefault("kv_tier_dir", "")  # no KV tier unless a test asks: tests share no prefixes
+    gateway_kwargs.setdefault("catch_up_tokens", 0)  # no idle catch-up unless asked: scorer figures stay exact
     gw = GatewayConfig(port=free_port(), **gateway_kwargs)
     return GatewayThread(ServeConfig(gw, engine_config(target, speculator, **(engine or {})), prefill,
                                      decoding or DecodingPolicy()))

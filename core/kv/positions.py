@@ -32,6 +32,18 @@ def dense_prefix(state: SeqState, tokens: Sequence[int]) -> int:
     return i
 
 
+def speculator_backlog(kv: SessionKV, limit: int) -> tuple[int, list[int]]:
+    """What the scorer's sequence lacks of the target's logical tokens, where it can be
+    caught up by a plain prefill: (the position to start at, the tokens, up to position
+    ``limit``).  Only a scorer that holds a dense prefix of the target's tokens (each at its
+    own position: not mirroring a sparse target) is caught up; else (0, [])."""
+    spec, target = kv.speculator, kv.target
+    n = len(spec.tokens)
+    if n >= len(target.tokens) or dense_prefix(spec, target.tokens) != n:
+        return 0, []
+    return n, target.tokens[n:max(n, limit)]
+
+
 @dataclass(slots=True)
 class SeqState:
     """One model's view of a session: logical tokens and where each sits in the KV."""

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from core.errors import EngineError
-from core.kv.positions import SessionKV, dense_prefix
+from core.kv.positions import SessionKV, dense_prefix, speculator_backlog
 from core.llama.context import Context
 from core.specprefill.cost_model import Costs
 from core.steps import Tokens, TurnSteps
@@ -66,6 +66,21 @@ class SlotKV:
         blobs = (self.target_ctx.seq(slot).save(), self.speculator_ctx.seq(slot).save() if with_speculator else b"")
         self.load(None, slot)
         return blobs
+
+    def catch_up_speculator(self, kv: SessionKV, slot: int, max_tokens: int) -> int:
+        """Prefill up to ``max_tokens`` of what the scorer's sequence in ``slot`` lacks of the
+        target's tokens (idle time: one decode, so a turn that arrives waits for this at
+        most); returns the tokens decoded, 0 when there is nothing to catch up."""
+        seq = self.speculator_ctx.seq(slot)
+        start, tokens = speculator_backlog(kv, seq.n_ctx - 1)
+        tokens = tokens[:max_tokens]
+        if not tokens:
+            return 0
+        t0 = time.perf_counter()
+        seq.decode(tokens, start, logits_last=False)
+        self.costs.speculator.observe(len(tokens), start, self.calls(len(tokens)), time.perf_counter() - t0)
+        kv.speculator.extend(tokens, range(start, start + len(tokens)))
+        return len(tokens)
 
     def prefill_prefix(self, tokens: tuple[int, ...], kv: SessionKV, slot: int) -> TurnSteps[tuple[bytes, bytes]]:
         """Prefill ``tokens`` densely into the empty ``slot`` in both models (requests to the

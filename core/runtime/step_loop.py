@@ -84,6 +84,8 @@ class StepStats:
     last_rows: int = 0
     busy_s: float = 0.0
     rows_hist: dict[int, int] = field(default_factory=dict)
+    idle_chunks: int = 0  # chunks of idle work (core.runtime.worker)
+    max_idle_chunks_ahead: int = 0  # the most idle chunks a queued turn or call waited behind
 
 
 class StepLoop:

@@ -5,6 +5,11 @@ tasks to its slots: a *turn* (a generator, see core.steps) joins the step loop
 (core.runtime.step_loop) and is batched with the other turns; a *call* (parking a
 session's KV, a delete, a lookup) runs whole between two steps.  HTTP code
 never holds a context.
+
+With no turn in the loop and nothing queued, the thread spends its time on
+:attr:`ModelWorker.idle` work (the sessions layer catches scorers up), one bounded
+chunk at a time, looking at its queue between chunks: a turn that arrives waits for
+one chunk at most (``stats.max_idle_chunks_ahead`` counts what one did wait).
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class ModelWorker:
         self._loop = StepLoop(config.step_tokens, config.prefill_share, config.progress_log_s)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        # idle work: one chunk per call, on the model thread; returns False when there is none
+        self.idle: Callable[[Engine], bool] | None = None
 
     @property
     def stats(self) -> StepStats:
@@ -86,7 +93,7 @@ class ModelWorker:
     def _queue(self, fn: Callable[[Engine], Any], abort: Callable[[], bool] | None = None,
                is_turn: bool = False) -> concurrent.futures.Future[Any]:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._inbox.put((fut, contextvars.copy_context(), fn, abort, is_turn))
+        self._inbox.put((fut, contextvars.copy_context(), fn, abort, is_turn, self._loop.stats.idle_chunks))
         return fut
 
     def _check(self) -> None:
@@ -113,24 +120,49 @@ class ModelWorker:
         self._loop.budget.cost = engine.prefill_seconds
         ready.set_result(engine)
         try:
-            while self._take(engine, block=not self._loop.busy):
+            idle_done = False  # the idle work ran out: block on the queue until something arrives
+            while self._take(engine, block=not self._loop.busy and idle_done):
                 if self._loop.busy:
                     self._loop.step()
+                    idle_done = False
+                else:
+                    idle_done = not self._idle_chunk(engine)
         finally:
             self._loop.cancel_all("the server is shutting down")
             engine.close()
 
+    def _idle_chunk(self, engine: Engine) -> bool:
+        """One chunk of idle work; False when there is none (or it failed: logged, not retried
+        until the next turn)."""
+        if self.idle is None:
+            return False
+        try:
+            did = self.idle(engine)
+        except Exception as exc:  # noqa: BLE001 -- idle work must never take the thread down
+            log.error("idle_work_failed", error=f"{type(exc).__name__}: {exc}")
+            return False
+        if did:
+            self._loop.stats.idle_chunks += 1
+        return did
+
     def _take(self, engine: Engine, block: bool) -> bool:
-        """Run the queued calls and admit the queued turns; False on stop."""
-        while True:
+        """Run the calls and admit the turns queued when it starts (``block``: wait for one
+        first), and no more: callers that queue a new call as soon as one returns (a flood of
+        ``count_tokens``) get one per step, never the whole thread.  False on stop."""
+        left = max(1, self._inbox.qsize())
+        while left:
+            left -= 1
             try:
                 item = self._inbox.get(block=block)
             except queue.Empty:
                 return True
-            block = False
+            if block:
+                block, left = False, self._inbox.qsize()  # what arrived while it waited
             if item is _STOP:
                 return False
-            fut, ctx, fn, abort, is_turn = item
+            fut, ctx, fn, abort, is_turn, chunks_then = item
+            stats = self._loop.stats
+            stats.max_idle_chunks_ahead = max(stats.max_idle_chunks_ahead, stats.idle_chunks - chunks_then)
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
@@ -142,6 +174,7 @@ class ModelWorker:
                 self._loop.add(Job(_in_context(ctx, value), fut, abort, context=ctx))
             else:
                 fut.set_result(value)
+        return True
 
 
 def _log_failure(fut: concurrent.futures.Future[Any]) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from core.errors import TurnCancelled
-from core.kv.positions import SessionKV, dense_prefix
+from core.kv.positions import SessionKV, dense_prefix, speculator_backlog
 from core.prompt import Prompt
 from core.results import Result, Timings
 from core.steps import TurnSteps, Wait
@@ -72,6 +72,7 @@ class Residency:
         self.parked = parked
         self.prefixes = PrefixCache(parked, prefix_min_tokens, tier)
         self._holds = holds
+        self.caught_up = 0  # scorer tokens prefilled in idle time
 
     def location(self, session: Session) -> str:
         """Where the session's KV is (read from the event loop: a snapshot)."""
@@ -81,6 +82,23 @@ class Residency:
         if where != "none":
             return where
         return session.kv_location.value
+
+    def catch_up(self, engine: Engine, max_tokens: int) -> int:
+        """Idle time: bring the scorer's KV of the idle resident session furthest behind one
+        chunk closer to its target's, so that its next turn scores only its new tokens
+        (core.kv.positions.speculator_backlog).  Returns the tokens decoded; 0: nothing to do."""
+        best: tuple[int, int, Session] | None = None
+        for slot, holder in self.slots.idle():
+            if isinstance(holder, Session) and holder.state is SessionState.IDLE:
+                behind = len(speculator_backlog(holder.kv, engine.speculator_ctx.seq(slot).n_ctx - 1)[1])
+                if behind and (best is None or behind > best[0]):
+                    best = (behind, slot, holder)
+        if best is None:
+            return 0
+        _, slot, session = best
+        done = engine.slot_kv.catch_up_speculator(session.kv, slot, max_tokens)
+        self.caught_up += done
+        return done
 
     def forget_kv(self, engine: Engine, session: Session) -> None:
         """A running turn keeps its slot until it ends; it then gives the slot up (see

@@ -14,7 +14,7 @@ import pytest
 
 from core.config import Limits
 from gateway import keys
-from tests.support import ModelThreadHeld, start_gateway
+from tests.support import ModelThreadHeld, start_gateway, until
 
 pytestmark = [pytest.mark.models, pytest.mark.redis]
 ALICE, BOB = {"Authorization": "Bearer sk-alice"}, {"Authorization": "Bearer sk-bob"}
@@ -250,6 +250,36 @@ def test_a_flood_of_token_counts_is_refused_past_the_bound_not_queued_ahead_of_t
         counted = [f.result(60) for f in futures if f not in early]
     assert len(refused) == 5 and {code(r) for r in refused} == {(429, "queue_full")}
     assert [r.status_code for r in counted] == [200] * 3 and len({r.json()["input_tokens"] for r in counted}) == 1
+
+
+def test_a_flood_of_token_counts_gets_one_call_per_step_and_the_stream_keeps_moving(gw):
+    """Two clients that send a new count as soon as one returns: the model thread runs the
+    calls queued when a step begins, not every call that keeps arriving, so a stream beside
+    them keeps getting its tokens (the step loop counts its steps)."""
+    import concurrent.futures
+    import threading
+
+    stop, served = threading.Event(), [0, 0]
+    body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "pump log " * 2000}]}
+
+    def flood(i: int) -> None:
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                if http.post(gw.base + "/v1/messages/count_tokens", headers=ALICE, json=body).status_code == 200:
+                    served[i] += 1
+
+    stats = gw.app[keys.MANAGER].worker.stats
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        flooders = [pool.submit(flood, i) for i in range(2)]
+        assert until(lambda: sum(served) >= 20)  # the flood is on
+        steps0, calls0 = stats.steps, sum(served)
+        reply = chat(gw, ALICE, messages=[{"role": "user", "content": "Count to a hundred."}], max_tokens=64)
+        steps, calls = stats.steps - steps0, sum(served) - calls0
+        stop.set()
+        for f in flooders:
+            f.result(60)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 64
+    assert calls <= 3 * steps + 10, (calls, steps)  # about one per flooder per step, never the whole thread
 
 
 def test_metrics_are_typed_and_count_rejections(gw):
