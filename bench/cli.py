@@ -20,7 +20,7 @@ from core.models import model_files
 from core.policies import PrefillPolicy
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
-             "long_prefill", "scorers", "constrained", "stateless", "clients", "agent_scale")
+             "long_prefill", "scorers", "constrained", "stateless", "clients", "agent_scale", "depth")
 EXTRA_HINT = "the benchmarks need the bench extra: .venv/bin/pip install -e '.[bench]'"
 
 
@@ -220,11 +220,17 @@ def agent_scale(r: Run) -> Any:
     return agent_scale.run(r.engine, r.path("agent_scale"))
 
 
+def depth(r: Run) -> Any:
+    from bench import depth
+
+    return depth.run(r.engine, r.path("depth"))
+
+
 REGISTRY: dict[str, Callable[[Run], Any]] = {
     "first_turn": first_turn, "multi_turn": multi_turn, "overhead": overhead, "topp": topp, "planner": planner,
     "soak": soak, "fuzz": fuzz, "failover": failover, "concurrency": concurrency, "long_prefill": long_prefill,
     "scorers": scorers, "constrained": constrained, "stateless": stateless, "clients": clients,
-    "agent_scale": agent_scale,
+    "agent_scale": agent_scale, "depth": depth,
 }
 
 
