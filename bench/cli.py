@@ -16,7 +16,6 @@ from typing import Any
 from core.config import EngineConfig
 from core.errors import ConfigError
 from core.loader import build
-from core.models import model_files
 from core.policies import PrefillPolicy
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
@@ -245,10 +244,9 @@ def run(args: argparse.Namespace) -> int:
     chosen = args.scenarios or list(SCENARIOS[:3])
     if unknown := set(chosen) - set(REGISTRY):
         raise ConfigError(f"unknown scenario(s) {sorted(unknown)}; known: {', '.join(SCENARIOS)}")
-    built = model_files.with_default_models(build(EngineConfig, {"target": args.target, "speculator": args.speculator,
-                                                                 "scorer": args.scorer}))
-    engine = EngineConfig(target=built.target, speculator=built.speculator, n_threads=built.n_threads,
-                          scorer=built.scorer, scoring_window=built.scoring_window)
+    from bench.common import bench_engine
+
+    engine = bench_engine(target=args.target, speculator=args.speculator, scorer=args.scorer)
     r = Run(args, engine, Path(args.out), "_quick" if args.quick else "")
     summaries = {name: REGISTRY[name](r) for name in SCENARIOS if name in chosen}
     progress("done")

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from core.config import EngineConfig
 from core.machine import cpu_flags, cpu_model, source_commit
 from core.models import model_files
 
@@ -71,3 +72,13 @@ _T0 = time.perf_counter()
 def progress(message: str) -> None:
     sys.stderr.write(f"[{time.perf_counter() - _T0:7.1f}s] {message}\n")
     sys.stderr.flush()
+
+
+def bench_engine(**flags: str | None) -> EngineConfig:
+    """The engine the benches serve: the default models (or ``flags``: target, speculator,
+    scorer), with the settings a bench passes on to ``specgate serve``."""
+    from core.loader import build
+
+    built = model_files.with_default_models(build(EngineConfig, flags))
+    return EngineConfig(target=built.target, speculator=built.speculator, n_threads=built.n_threads,
+                        scorer=built.scorer, scoring_window=built.scoring_window)

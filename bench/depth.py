@@ -22,7 +22,7 @@ import httpx
 import orjson
 
 from bench.agent_scale import FIXTURE, rss_mb, turn_done
-from bench.common import free_port, progress, write_result
+from bench.common import bench_engine, free_port, progress, write_result
 from bench.serving import server, specgate_cmd
 from core.config import EngineConfig
 
@@ -94,10 +94,4 @@ def run(engine: EngineConfig, out: Path, idle_timeout_s: float = 900) -> dict[st
 
 
 if __name__ == "__main__":  # without the bench extra: python -m bench.depth OUT.json
-    from core.loader import build
-    from core.models import model_files
-
-    built = model_files.with_default_models(build(EngineConfig, {}))
-    engine = EngineConfig(target=built.target, speculator=built.speculator, n_threads=built.n_threads,
-                          scorer=built.scorer, scoring_window=built.scoring_window)
-    print(orjson.dumps(run(engine, Path(sys.argv[1])), option=orjson.OPT_INDENT_2).decode())
+    print(orjson.dumps(run(bench_engine(), Path(sys.argv[1])), option=orjson.OPT_INDENT_2).decode())
