@@ -31,7 +31,8 @@ class Cluster:
         first = free_port()
         while any(_busy(first + i) for i in range(n)):
             first = free_port()
-        self.env = {**os.environ, "SPECGATE_KV_TIER_DIR": "", **env,  # no KV tier unless asked
+        # no KV tier unless asked; streams' headers held as ops/cluster.sh holds them
+        self.env = {**os.environ, "SPECGATE_KV_TIER_DIR": "", "SPECGATE_STREAM_HOLD_S": "290", **env,
                     "CLUSTER_DIR": str(directory), "LB_PORT": str(self.lb_port),
                     "FIRST_PORT": str(first), "REDIS_PORT": str(self.redis_port),
                     "SPECGATE": str(Path(sys.executable).parent / "specgate")}

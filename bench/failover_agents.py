@@ -1,15 +1,17 @@
 """``specgate bench failover --agents``: the failover bench at agent size.  A 2-replica
 cluster (ops/cluster.sh: redis-server, HAProxy) on tiny models; conversations as coding
 agents send them -- ~80 KB streamed bodies (the model's own reasoning sent back, which the
-prompt leaves out), half over the Anthropic Messages API with a named session, half over
-the Responses API resending the history with no session (matched by tokens) -- and one
-replica SIGKILLed while it runs turns.
+prompt leaves out) whose every turn brings a ~2.6K-token tool result, half over the Anthropic
+Messages API with a named session, half over the Responses API resending the history with no
+session (matched by tokens) -- and one replica SIGKILLed while it runs turns, as soon as
+one starts (so in its prefill: an agent's turn is mostly prefill).
 
 Per turn: was it served, on the first attempt or on a client's one retry, and did the
 stream end with its protocol's terminal event (Anthropic ``message_stop``, Responses
-``response.completed``) or break.  A stream whose headers were out when its replica died
-cannot be replayed by HAProxy (it replays only what got no answer): the bench counts those
-as client-visible errors, and says so."""
+``response.completed``) or break.  HAProxy replays only what got no answer: a stream's
+headers wait for its first token (``--stream-hold-s``, 290 s in ops/cluster.sh), so a
+replica that dies in a prefill has answered nothing; a stream already under way when its
+replica dies is cut, and the bench counts that as a client-visible error."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from bench.failover import kill_while_running
 from bench.soak import WORDS
 
 REASONING = "Let me think about the pump logs step by step. " * 1800  # ~82 KB, as agents send it back
+TOOL_RESULT_WORDS = 2000  # ~2.6K tokens a turn, as a tool's output
 TERMINAL = {"anthropic": "message_stop", "responses": "response.completed"}
 
 
@@ -72,7 +75,7 @@ def streamed_turn(http: httpx.Client, proto: str, sid: str, history: list[dict[s
 
 def run(tiny_target: str, tiny_speculator: str, out: Path, n_convs: int = 8, turns: int = 4) -> dict[str, Any]:
     cluster = Cluster(Path(tempfile.mkdtemp(prefix="specgate-failover-agents-")), 2, {
-        "SPECGATE_TARGET": tiny_target, "SPECGATE_SPECULATOR": tiny_speculator, "SPECGATE_N_CTX": "8192",
+        "SPECGATE_TARGET": tiny_target, "SPECGATE_SPECULATOR": tiny_speculator, "SPECGATE_N_CTX": "16384",
         "SPECGATE_N_THREADS": "1", "SPECGATE_LOG_LEVEL": "warning"})
     convs: dict[str, tuple[str, list[dict[str, Any]]]] = {
         f"a-{i:02d}": ("anthropic" if i % 2 == 0 else "responses", []) for i in range(n_convs)}
@@ -90,7 +93,7 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_convs: int = 8, tur
                 def go(item: tuple[int, tuple[str, tuple[str, list[dict[str, Any]]]]], t: int = t) -> None:
                     i, (sid, (proto, history)) = item
                     history.append({"role": "user", "content": f"Turn {t}: " + " ".join(
-                        WORDS[(i + t + k) % len(WORDS)] for k in range(150))})
+                        WORDS[(i + t + k) % len(WORDS)] for k in range(TOOL_RESULT_WORDS))})
                     outcomes = []
                     for _ in range(2):  # a client retries once
                         reply, outcome = streamed_turn(http, proto, sid, history)

@@ -69,6 +69,8 @@ HELP = {
     "allow_foreign_origins": "with no API keys on loopback, also take requests whose Origin or Host names another "
                              "machine (web pages; refused by default)",
     "keepalive_s": "a quiet stream (a long prefill) sends a keepalive this often: Anthropic ping, SSE comment",
+    "stream_hold_s": "a stream's headers wait this long for its first token, so a balancer can replay the request "
+                     "if the replica dies in its prefill (0: at once; keep it under your proxy's idle timeout)",
     "keep_billing_header": "keep Claude Code's per-conversation billing line at the head of the system prompt "
                            "(stripped by default so conversations share their prompt's KV)",
     "max_sessions": "live sessions this process holds (429 past it)",

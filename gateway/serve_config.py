@@ -40,6 +40,7 @@ class GatewayConfig:
     advertise_url: str = ""  # where other replicas reach this one; empty = http://host:port
     lease_ms: int = 15000  # a session lease's TTL in Redis, renewed while the replica keeps the session
     keepalive_s: float = 10.0  # a stream sends a keepalive (Anthropic ping, SSE comment) when this long quiet
+    stream_hold_s: float = 50.0  # a stream's headers wait this long for its first token: a balancer can still replay it
     allow_foreign_origins: bool = False  # keyless on loopback: also take requests from web pages (gateway/auth.py)
     keep_billing_header: bool = False  # keep Claude Code's per-conversation billing line (gateway/client_hints.py)
     limits: Limits = field(default_factory=Limits)
@@ -59,6 +60,7 @@ class GatewayConfig:
         _require(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
         _require(self.lease_ms >= 1000, "lease_ms must be >= 1000")
         _require(self.keepalive_s > 0, "keepalive_s must be > 0")
+        _require(self.stream_hold_s >= 0, "stream_hold_s must be >= 0")
 
 
 @dataclass(slots=True, frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import orjson
@@ -21,7 +22,7 @@ from aiohttp import web
 
 from gateway import keys
 from gateway.chat_request import TurnResult
-from gateway.tool_calls import CallArgs, CallStart
+from gateway.tool_calls import CallArgs, CallStart, Piece
 from gateway.turns import Turn
 
 log = structlog.get_logger("specgate.http")
@@ -49,6 +50,7 @@ COMMENT = b": keepalive\n\n"  # an SSE comment: every client's parser skips it
 
 async def stream(request: web.Request, turn: Turn, encoder: Encoder,
                  headers: dict[str, str] | None = None) -> web.StreamResponse:
+    config = request.app[keys.CONFIG].gateway
     resp = web.StreamResponse(headers={**HEADERS, **(headers or {})})
     lock = asyncio.Lock()  # the keepalive task writes too: whole frames, one writer at a time
     loop = asyncio.get_running_loop()
@@ -69,12 +71,16 @@ async def stream(request: web.Request, turn: Turn, encoder: Encoder,
                     await send(encoder.keepalive())
 
     pinger: asyncio.Task[None] | None = None
+    pieces = aiter(turn.pieces())
     try:
+        first = await _held(request, turn, pieces, config.stream_hold_s, config.keepalive_s)
         await resp.prepare(request)
         await send(encoder.start())
-        pinger = asyncio.create_task(keepalive(request.app[keys.CONFIG].gateway.keepalive_s))
-        async for piece in turn.pieces():
+        pinger = asyncio.create_task(keepalive(config.keepalive_s))
+        piece = await first
+        while piece is not _END:
             await send(encoder.text(piece) if isinstance(piece, str) else encoder.call(piece))
+            piece = await anext(pieces, _END)
         try:
             result = await turn.result()
         except Exception as exc:  # headers are out: report in-band
@@ -96,3 +102,27 @@ async def stream(request: web.Request, turn: Turn, encoder: Encoder,
             pinger.cancel()
         turn.abandon()
     return resp
+
+
+_END: Any = object()  # the turn wrote its last piece
+
+
+async def _held(request: web.Request, turn: Turn, pieces: AsyncIterator[Piece], hold_s: float,
+                poll_s: float) -> asyncio.Future[Piece]:
+    """Wait up to ``hold_s`` for the turn's first piece before any byte goes out: until then a
+    balancer that sees this replica die can replay the request on another one.  A turn that
+    fails first raises here, so the client gets the error's own status, not a stream.
+    Returns the (perhaps pending) first piece; ``ConnectionResetError`` if the client left."""
+    first: asyncio.Future[Piece] = asyncio.ensure_future(anext(pieces, _END))
+    deadline = asyncio.get_running_loop().time() + hold_s
+    while not first.done():
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            return first
+        await asyncio.wait({first}, timeout=min(left, poll_s))
+        if request.transport is None or request.transport.is_closing():
+            first.cancel()
+            raise ConnectionResetError("the client left before the first token")
+    if first.result() is _END:  # no piece at all: a failed turn raises, for its own status
+        await turn.result()
+    return first

@@ -6,12 +6,16 @@
 #   CLUSTER_DIR (.cluster)   pids, ports, logs and the rendered haproxy.cfg
 #   LB_PORT (8080), FIRST_PORT (8081), REDIS_PORT (6390)
 #   SPECGATE_* variables reach every replica (models, API keys, policies, ...)
+#   SPECGATE_STREAM_HOLD_S defaults to 290 here: HAProxy's `timeout server` is 600 s, so a stream's
+#   headers may wait for its first token that long, and a replica that dies in a prefill has
+#   its streams replayed by HAProxy (Node's fetch gives up on headers after 300 s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=$(mkdir -p "${CLUSTER_DIR:-.cluster}" && cd "${CLUSTER_DIR:-.cluster}" && pwd)
 LB_PORT=${LB_PORT:-8080}
 FIRST_PORT=${FIRST_PORT:-8081}
 REDIS_PORT=${REDIS_PORT:-6390}
+export SPECGATE_STREAM_HOLD_S=${SPECGATE_STREAM_HOLD_S:-290}
 SPECGATE=${SPECGATE:-.venv/bin/specgate}
 
 wait_ready() {  # url seconds

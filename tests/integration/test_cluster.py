@@ -27,7 +27,7 @@ def cluster(tiny_target, tiny_speculator, tmp_path_factory):
         pytest.fail("haproxy not installed: run ops/test.sh, which installs it")
     c = Cluster(tmp_path_factory.mktemp("cluster"), 2, {
         "SPECGATE_TARGET": str(tiny_target), "SPECGATE_SPECULATOR": str(tiny_speculator),
-        "SPECGATE_N_CTX": "4096", "SPECGATE_N_THREADS": "1", "SPECGATE_CALIBRATE_TOKENS": "32",
+        "SPECGATE_N_CTX": "16384", "SPECGATE_N_THREADS": "1", "SPECGATE_CALIBRATE_TOKENS": "32",
         "SPECGATE_MIN_TOKENS": "0", "SPECGATE_LEASE_MS": "4000",
         # the rolling restart's 300-token stream must finish within the drain however slow the
         # machine is (past the timeout a drain cancels it, well-formed, which is not this test)
@@ -302,6 +302,52 @@ def test_agent_sized_bodies_in_flight_are_replayed_when_a_replica_dies(cluster):
         assert rec["turns"] == 2 and rec["history"][-2]["content"] == "Count to 200.", rec["history"][-2:]
     done = results["responses"].json()  # whole: tiny models never stop, so it ran to its token limit
     assert done["status"] == "incomplete" and done["incomplete_details"]["reason"] == "max_output_tokens"
+    cluster.wait_exit(2)
+    cluster.restart(2)
+
+
+# ~12K tokens: a prefill of several seconds even for the tiny pair, so r2 dies in it
+LOG = "the build log shows a warning in module alpha then a retry in module beta " * 800
+
+
+def read_stream(r: httpx.Response) -> list[str]:
+    """The event names (or Chat's data) of a whole SSE stream."""
+    return [line[7:] if line.startswith("event: ") else line[6:] for line in r.iter_lines()
+            if line.startswith(("event: ", "data: [DONE]"))]
+
+
+def test_streamed_agent_turns_are_replayed_when_their_replica_dies_in_the_prefill(cluster):
+    """Streamed ~140 KB Anthropic and Responses turns for conversations r2 owns, through
+    HAProxy; r2 is SIGKILLed while it prefills them.  A stream's headers wait for its first
+    token (--stream-hold-s, 290 s in ops/cluster.sh), so r2 had answered nothing, HAProxy
+    replays each request on r1, and every client reads a whole stream: no error at all."""
+    owned_by(cluster, 2, "st-a")
+    first = httpx.post(cluster.url(2) + "/v1/responses", timeout=120,
+                       json={"instructions": "You log pumps.", "input": "Pump A ran.", "max_output_tokens": 4})
+    assert first.status_code == 200 and replica(first) == "r2"
+    bodies = {"st-a": ("/v1/messages", {**agent_message(LOG), "max_tokens": 8, "stream": True}),
+              "st-r": ("/v1/responses", {"instructions": "You log pumps.", "max_output_tokens": 8, "stream": True,
+                                         "previous_response_id": first.json()["id"], "input": [
+                                             {"type": "reasoning", "id": "rs_1", "summary": [
+                                                 {"type": "summary_text", "text": REASONING}]},
+                                             {"role": "user", "content": LOG}]})}
+    assert all(len(orjson.dumps(b)) > 100_000 for _, b in bodies.values())
+    seen: dict[str, tuple[int, str, list[str]]] = {}
+
+    def go(key: str) -> None:
+        path, body = bodies[key]
+        headers = {"X-SpecGate-Session": key} if key == "st-a" else {}
+        with httpx.stream("POST", cluster.base + path, json=body, headers=headers, timeout=300) as r:
+            seen[key] = (r.status_code, replica(r), read_stream(r))  # a cut stream raises here
+
+    kill_r2_while(cluster, go, list(bodies))
+    assert seen["st-a"][:2] == (200, "r1") and seen["st-a"][2][-1] == "message_stop", seen["st-a"]
+    assert seen["st-r"][:2] == (200, "r1") and seen["st-r"][2][-1] == "response.completed", seen["st-r"]
+    assert "error" not in seen["st-a"][2] and "response.failed" not in seen["st-r"][2]
+    deadline = time.monotonic() + 60
+    while (rec := cluster.record("anonymous", "st-a"))["turns"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rec["turns"] == 2 and rec["history"][-2]["content"] == LOG
     cluster.wait_exit(2)
     cluster.restart(2)
 

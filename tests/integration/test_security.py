@@ -30,6 +30,7 @@ def spill_dir(tmp_path_factory):
 def gw(tiny_target, tiny_speculator, redis_server, spill_dir):
     server = start_gateway(tiny_target, tiny_speculator, redis_url=redis_server.url, api_keys=("sk-alice", "sk-bob"),
                            kv_budget_mb=0, kv_spill_dir=str(spill_dir), max_queue=3, engine={"slots": 1},
+                           stream_hold_s=0,  # streams open at once: tests act while their turn runs
                            limits=Limits(max_messages=64, max_sessions_per_key=12, max_tokens_cap=512))
     yield server
     server.stop()

@@ -29,6 +29,7 @@ def proxied(tiny_target: Path, tiny_speculator: Path, tmp_path_factory):
     if shutil.which("haproxy") is None:
         pytest.fail("haproxy not installed: run ops/test.sh, which installs it")
     server = ServerProcess(tiny_target, tiny_speculator, "--n-ctx", "16384", "--keepalive-s", str(KEEPALIVE_S),
+                           "--stream-hold-s", str(KEEPALIVE_S),  # under the proxy's idle timeout
                            "--progress-log-s", "0.5", "--enabled", "false")  # dense: the slowest prefill
     port = free_port()
     cfg = tmp_path_factory.mktemp("haproxy") / "haproxy.cfg"
