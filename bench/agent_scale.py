@@ -7,13 +7,17 @@ with no session named, as Claude Code sends it:
 2. sibling: another task with the same system prompt and tools, same process (the prefix
    is copied from the first conversation's KV, and the prefix-cache entry filled from
    that copy and written to the KV tier);
-3. restarted: the server is stopped and started again on the same KV tier folder, and a
-   third task arrives (the prefix is read back from the tier).
+3. replica: a second server, started beside the first on the same KV tier folder (a
+   shared mount), gets a third task: it has never seen the prompt, and reads the prefix
+   the first one wrote;
+4. restarted: both are stopped, one is started again on that folder, and a fourth task
+   arrives (the prefix is read back from the tier).
 
 For each: the server's TTFT, tokens prefilled into the target, tokens reused and how; with
 the tier's bytes on disk and the server's RSS.  The cold run is the dense recompute the
-others are compared with, measured in the same run.  Not here yet: a second replica on a
-shared folder, a SIGKILLed owner, the Redis backend, and llama-server as a peer.
+others are compared with, measured in the same run.  Not here yet: HAProxy in front of the
+replicas (the tier does not depend on it), a SIGKILLed owner, the Redis backend, and
+llama-server as a peer.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import copy
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +37,7 @@ from bench.serving import server, specgate_cmd
 from core.config import EngineConfig
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests/fixtures/clients/claude_code_first.json"
-TASKS = ("Say hello", "List the files in this repository.", "What does the README say?")
+TASKS = ("Say hello", "List the files in this repository.", "Which tests are there?", "What does the README say?")
 
 
 def body(task: str) -> dict[str, Any]:
@@ -66,17 +71,31 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    for restart, tasks in ((False, TASKS[:2]), (True, TASKS[2:])):
+
+    def ask(http: httpx.Client, log: Path, pid: int, arm: str, task: str) -> None:
+        progress(f"agent_scale: {arm}")
+        r = http.post("/v1/messages", json=body(task))
+        r.raise_for_status()
+        rows.append(row(arm, turn_done(log, 0), r.elapsed.total_seconds(), pid))
+
+    def serve(name: str) -> tuple[Any, Path, list[int]]:
         port, pids = free_port(), list[int]()
-        log = logs / f"agent_scale_{'restarted' if restart else 'first'}.log"
-        cmd = specgate_cmd(port, engine, kv_tier_dir=str(tier), log_level="info")
-        with server(cmd, port, log, pids) as base, httpx.Client(base_url=base, timeout=3600) as http:
-            for i, task in enumerate(tasks):
-                arm = "restarted" if restart else ("cold" if i == 0 else "sibling")
-                progress(f"agent_scale: {arm}")
-                r = http.post("/v1/messages", json=body(task))
-                r.raise_for_status()
-                rows.append(row(arm, turn_done(log, 0), r.elapsed.total_seconds(), pids[0]))
+        log = logs / f"agent_scale_{name}.log"
+        return server(specgate_cmd(port, engine, kv_tier_dir=str(tier), log_level="info"), port, log, pids), log, pids
+
+    first, first_log, first_pids = serve("first")
+    with first as base, httpx.Client(base_url=base, timeout=3600) as http:
+        ask(http, first_log, first_pids[0], "cold", TASKS[0])
+        ask(http, first_log, first_pids[0], "sibling", TASKS[1])
+        deadline = time.monotonic() + 120  # the tier's write runs off the reply path
+        while not any(tier.rglob("*.kv")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        second, second_log, second_pids = serve("replica")
+        with second as base2, httpx.Client(base_url=base2, timeout=3600) as http2:
+            ask(http2, second_log, second_pids[0], "replica", TASKS[2])
+    again, again_log, again_pids = serve("restarted")
+    with again as base, httpx.Client(base_url=base, timeout=3600) as http:
+        ask(http, again_log, again_pids[0], "restarted", TASKS[3])
     tier_bytes = sum(p.stat().st_size for p in tier.rglob("*.kv"))
     cold = rows[0]["ttft_ms"]
     summary: dict[str, Any] = {

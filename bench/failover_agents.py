@@ -1,10 +1,11 @@
-"""``specgate bench failover --agents``: the failover bench at agent size.  A 2-replica
+"""``specgate bench failover --agent-bodies``: the failover bench at agent size.  A 2-replica
 cluster (ops/cluster.sh: redis-server, HAProxy) on tiny models; conversations as coding
 agents send them -- ~80 KB streamed bodies (the model's own reasoning sent back, which the
 prompt leaves out) whose every turn brings a ~2.6K-token tool result, half over the Anthropic
 Messages API with a named session, half over the Responses API resending the history with no
-session (matched by tokens) -- and one replica SIGKILLed while it runs turns, as soon as
-one starts (so in its prefill: an agent's turn is mostly prefill).
+SpecGate session (matched by tokens; Codex's ``session-id`` header, which HAProxy hashes) --
+and one replica SIGKILLed while it runs turns, as soon as one starts (so in its prefill: an
+agent's turn is mostly prefill).
 
 Per turn: was it served, on the first attempt or on a client's one retry, and did the
 stream end with its protocol's terminal event (Anthropic ``message_stop``, Responses
@@ -47,15 +48,19 @@ def responses_body(history: list[dict[str, Any]]) -> dict[str, Any]:
             "store": False, "input": [reasoning, *history]}
 
 
-def streamed_turn(http: httpx.Client, proto: str, sid: str, history: list[dict[str, Any]]) -> tuple[str, str]:
-    """(reply text, outcome): outcome ``ok``, or what broke (HTTP status, a cut stream)."""
+def streamed_turn(http: httpx.Client, proto: str, sid: str,
+                  history: list[dict[str, Any]]) -> tuple[str, str, str]:
+    """(reply text, outcome, replica): outcome ``ok``, or what broke (HTTP status, a cut stream)."""
+    # the Responses arm sends Codex's own header (its session id, which names no SpecGate
+    # session): HAProxy spreads those conversations by it, as it does Codex's
     path, body, headers = ("/v1/messages", anthropic_body(history), {"X-SpecGate-Session": sid}) \
-        if proto == "anthropic" else ("/v1/responses", responses_body(history), {})
-    text, terminal = [], False
+        if proto == "anthropic" else ("/v1/responses", responses_body(history), {"session-id": sid})
+    text, terminal, replica = [], False, ""
     try:
         with http.stream("POST", path, json=body, headers=headers) as r:
+            replica = r.headers.get("X-SpecGate-Replica", "")
             if r.status_code != 200:
-                return "", f"HTTP {r.status_code}"
+                return "", f"HTTP {r.status_code}", replica
             for line in r.iter_lines():
                 if not line.startswith("data: "):
                     continue
@@ -66,11 +71,11 @@ def streamed_turn(http: httpx.Client, proto: str, sid: str, history: list[dict[s
                 elif kind == "response.output_text.delta":
                     text.append(event["delta"])
                 elif kind in ("error", "response.failed"):
-                    return "", f"error event {kind}"
+                    return "", f"error event {kind}", replica
                 terminal = terminal or kind == TERMINAL[proto]
     except httpx.HTTPError as exc:
-        return "", type(exc).__name__
-    return "".join(text), "ok" if terminal else "stream cut"
+        return "", type(exc).__name__, replica
+    return "".join(text), "ok" if terminal else "stream cut", replica
 
 
 def run(tiny_target: str, tiny_speculator: str, out: Path, n_convs: int = 8, turns: int = 4) -> dict[str, Any]:
@@ -94,16 +99,18 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_convs: int = 8, tur
                     i, (sid, (proto, history)) = item
                     history.append({"role": "user", "content": f"Turn {t}: " + " ".join(
                         WORDS[(i + t + k) % len(WORDS)] for k in range(TOOL_RESULT_WORDS))})
-                    outcomes = []
+                    outcomes, served_by = [], []
                     for _ in range(2):  # a client retries once
-                        reply, outcome = streamed_turn(http, proto, sid, history)
+                        reply, outcome, replica = streamed_turn(http, proto, sid, history)
                         outcomes.append(outcome)
+                        served_by.append(replica)
                         if outcome == "ok":
                             history.append({"role": "assistant", "content": reply})
                             break
                     else:
                         history.pop()
-                    rows.append({"conversation": sid, "protocol": proto, "turn": t + 1, "attempts": outcomes})
+                    rows.append({"conversation": sid, "protocol": proto, "turn": t + 1, "attempts": outcomes,
+                                 "served_by": served_by})
 
                 list(pool.map(go, enumerate(convs.items())))
                 if killer is not None:
@@ -120,7 +127,8 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_convs: int = 8, tur
                "client_visible_errors": sum(a != "ok" for r in rows for a in r["attempts"]),
                "turns_failed_after_retry": sum(r["attempts"][-1] != "ok" for r in rows),
                "named_histories_intact": f"{intact} of {len(named)}",
-               "turns_running_on_r2_at_kill": box[0] if box else 0}
+               "turns_running_on_r2_at_kill": box[0] if box else 0,
+               "conversations_moved_to_r1_at_the_kill": _moved(rows, turns // 2)}
     write_result(out, "failover_agents", {"summary": summary, "rows": rows},
                  {"target": tiny_target, "speculator": tiny_speculator})
     return summary
@@ -129,3 +137,10 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_convs: int = 8, tur
 def _user_turns(record: dict[str, Any] | None) -> list[str]:
     return [m["content"] for m in (record or {}).get("history", []) if m.get("role") == "user"
             and str(m.get("content", "")).startswith("Turn ")]
+
+
+def _moved(rows: list[dict[str, Any]], kill_turn: int) -> int:
+    """Conversations r2 served on the turn before the kill and r1 on the killed turn."""
+    by = {(r["conversation"], r["turn"]): r["served_by"][-1] for r in rows}
+    return sum(by.get((sid, kill_turn)) == "r2" and by.get((sid, kill_turn + 1)) == "r1"
+               for sid in {sid for sid, _ in by})

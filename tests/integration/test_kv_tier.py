@@ -1,13 +1,13 @@
 """A prefix computed once serves a restart: the KV tier keeps the system prompt's KV in a
 folder, and a new server on that folder restores it instead of prefilling it.  A tier file
 that fails its checks is deleted and the prefix recomputed.  Real models (the tiny pair),
-real gateways, one after another on one folder."""
+real gateways, one after another on one folder, or two at once (replicas on a shared mount)."""
 
 from __future__ import annotations
 
 import httpx
 
-from tests.support import start_gateway
+from tests.support import start_gateway, until
 
 SYSTEM = ("You operate the plant. Units report flow, pressure and temperature every minute; alarms name "
           "the unit, the reading and the limit it crossed. ") * 40  # ~1.2K tokens, the shared prefix
@@ -48,6 +48,23 @@ def test_a_restarted_server_restores_the_prefix_from_the_tier(tiny_target, tiny_
         assert metric(again.base, "specgate_kv_tier_hits_total") == 1
     finally:
         again.stop()
+
+
+def test_a_second_replica_on_the_same_folder_restores_a_prefix_the_first_computed(
+        tiny_target, tiny_speculator, tmp_path):
+    """Two servers running at once on one folder (a shared mount): the second has never seen
+    the prompt, and restores the prefix the first wrote instead of prefilling it."""
+    first, second = serve(tiny_target, tiny_speculator, tmp_path), serve(tiny_target, tiny_speculator, tmp_path)
+    try:
+        converse(first.base, "r-1", "Which unit alarmed?")
+        n = converse(first.base, "r-2", "Report unit 7.")["prefix_built_n"]
+        assert until(lambda: len(list(tmp_path.rglob("*.kv"))) == 1)  # written off the reply path
+        t = converse(second.base, "r-3", "Report unit 9.")
+        assert t["prefix_shared_n"] == n and t["prefix_built_n"] == 0 and t["prompt_n"] == t["context_n"] - n
+        assert metric(second.base, "specgate_kv_tier_hits_total") == 1
+    finally:
+        first.stop()
+        second.stop()
 
 
 def test_a_damaged_tier_file_is_recomputed_not_loaded(tiny_target, tiny_speculator, tmp_path):
