@@ -57,6 +57,8 @@ HELP = {
     "kv_tier_dir": "keep shared prefixes' KV in this folder across restarts, and share it with replicas that use "
                    "the same one (auto: the cache dir, next to the models; empty: off)",
     "kv_tier_max_mb": "disk the KV tier may take; past it the least recently used entries are dropped",
+    "kv_checkpoint_tokens": "in idle time, save a session's KV to the KV tier once it holds this many tokens more "
+                            "than its last save, so a replica taking it over, or a restart, restores it (0: off)",
     "catch_up_tokens": "with no turn running, catch idle sessions' scorer KV up in chunks of this many tokens, so "
                        "their next turn scores only its new tokens (0: off; an arriving turn waits one chunk at most)",
     "drain_timeout_s": "on SIGTERM, how long running turns may take to finish",

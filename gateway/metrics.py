@@ -51,6 +51,10 @@ COUNTERS = {
     "specgate_kv_tier_hits": ("tier_hits", "Prefixes restored from the KV tier instead of prefilled."),
     "specgate_kv_tier_writes": ("tier_writes", "Prefix entries written to the KV tier."),
     "specgate_kv_tier_rejected": ("tier_rejected", "KV tier files discarded by their checks (recomputed)."),
+    "specgate_session_checkpoints": ("checkpoints_written",
+                                     "Session KV checkpoints written to the KV tier in idle time."),
+    "specgate_session_checkpoint_restores": ("checkpoints_restored", "Sessions rebuilt from their checkpoint "
+                                             "in the KV tier (taken over, restarted or evicted) instead of prefilled."),
     "specgate_implicit_hits": ("implicit_hits", "Requests naming no session that continued a held conversation."),
     "specgate_implicit_misses": ("implicit_misses",
                                  "Requests naming no session that matched no idle held conversation."),

@@ -34,6 +34,7 @@ class GatewayConfig:
     kv_spill_max_mb: int = 8192  # disk the spilled KV may take; past it the oldest spills are dropped
     kv_tier_dir: str = "auto"  # shared prefixes' KV that outlives the process; auto = the cache dir, "" = off
     kv_tier_max_mb: int = 16384  # disk the KV tier may take; past it the least recently used entries go
+    kv_checkpoint_tokens: int = 1024  # idle sessions' KV saved to the tier once grown this much (0: off)
     catch_up_tokens: int = 256  # idle time catches scorers up in chunks this size (0: off); a turn waits one at most
     drain_timeout_s: float = 30.0  # SIGTERM: how long running turns may take to finish
     replica_id: str = ""  # this replica's name in the session registry; empty = hostname-port
@@ -57,6 +58,7 @@ class GatewayConfig:
         _require(self.kv_spill_max_mb >= 0, "kv_spill_max_mb must be >= 0")
         _require(self.kv_tier_max_mb >= 0, "kv_tier_max_mb must be >= 0")
         _require(self.catch_up_tokens >= 0, "catch_up_tokens must be >= 0")
+        _require(self.kv_checkpoint_tokens >= 0, "kv_checkpoint_tokens must be >= 0")
         _require(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
         _require(self.lease_ms >= 1000, "lease_ms must be >= 1000")
         _require(self.keepalive_s > 0, "keepalive_s must be > 0")

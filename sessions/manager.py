@@ -62,7 +62,8 @@ class SessionManager:
     def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV, admission: FairAdmission,
                  writer: StoreWriter, limits: Limits = DEFAULT_LIMITS, ttl_s: float = 86400,
                  registry: Registry | None = None, prefix_min_tokens: int = 256,
-                 implicit_min_share: float = 0.5, tier: DirectoryTier | None = None) -> None:
+                 implicit_min_share: float = 0.5, tier: DirectoryTier | None = None,
+                 checkpoint_tokens: int = 0) -> None:
         self.worker = worker
         self.store = store
         self.parked = parked
@@ -73,7 +74,7 @@ class SessionManager:
         self.registry: Registry = registry or LocalRegistry()
         self._sessions: dict[str, Session] = {}
         self.residency = Residency(worker.config.slots, parked, prefix_min_tokens,
-                                   lambda s: self._sessions.get(s.key) is s, tier)  # model thread only
+                                   lambda s: self._sessions.get(s.key) is s, tier, checkpoint_tokens)  # model thread
         self.implicit = ImplicitSessions(implicit_min_share)  # event loop only
 
     @property
@@ -381,6 +382,7 @@ class SessionManager:
     def figures(self) -> dict[str, float]:
         """The layer's levels and totals, read at scrape time (gateway/metrics.py names them)."""
         steps, parked, prefixes, slots = self.worker.stats, self.parked, self.prefixes, self.slots
+        checkpoints = self.residency.checkpoints
         return {
             "sessions": self.live, "implicit_sessions": self.implicit_live, "queue_depth": self.admission.depth,
             "slots_busy": slots.busy, "slots_resident": slots.resident, "last_batch_rows": steps.last_rows,
@@ -396,6 +398,8 @@ class SessionManager:
             "tier_hits": prefixes.tier_hits, "tier_writes": prefixes.tier.writes if prefixes.tier else 0,
             "tier_rejected": prefixes.tier.rejected if prefixes.tier else 0,
             "tier_bytes": prefixes.tier.bytes_on_disk if prefixes.tier else 0,
+            "checkpoints_written": checkpoints.written if checkpoints else 0,
+            "checkpoints_restored": checkpoints.restored if checkpoints else 0,
             "implicit_hits": self.implicit.hits, "implicit_misses": self.implicit.misses,
             "implicit_reused": self.implicit.reused,
             "store_pending": self.writer.pending, "store_degraded": int(self.writer.degraded),

@@ -135,6 +135,7 @@ def start_gateway(target: Path, speculator: Path, prefill: PrefillPolicy = TEST_
     gateway_kwargs.setdefault("limits", Limits(default_max_tokens=256))
     gateway_kwargs.setdefault("kv_tier_dir", "")  # no KV tier unless a test asks: tests share no prefixes
     gateway_kwargs.setdefault("catch_up_tokens", 0)  # no idle catch-up unless asked: scorer figures stay exact
+    gateway_kwargs.setdefault("kv_checkpoint_tokens", 0)  # no session checkpoints in a tier unless asked
     gw = GatewayConfig(port=free_port(), **gateway_kwargs)
     return GatewayThread(ServeConfig(gw, engine_config(target, speculator, **(engine or {})), prefill,
                                      decoding or DecodingPolicy()))

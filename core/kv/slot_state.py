@@ -19,9 +19,10 @@ class SlotKV:
                  calls: Callable[[int], int]) -> None:
         self.target_ctx, self.speculator_ctx, self.costs, self.calls = target_ctx, speculator_ctx, costs, calls
 
-    def save(self, slot: int = 0) -> tuple[bytes, bytes]:
-        """The KV of both models in ``slot``, serialized."""
-        return self.target_ctx.seq(slot).save(), self.speculator_ctx.seq(slot).save()
+    def save(self, slot: int = 0, speculator: bool = True) -> tuple[bytes, bytes]:
+        """The KV of both models in ``slot``, serialized (the speculator's left empty when not
+        wanted: it holds other tokens than the target, and catches up later)."""
+        return self.target_ctx.seq(slot).save(), self.speculator_ctx.seq(slot).save() if speculator else b""
 
     def load(self, blobs: tuple[bytes, bytes] | None, slot: int = 0) -> None:
         """Restore a saved session into ``slot``; None empties it (a fresh or evicted session)."""
@@ -93,16 +94,21 @@ class SlotKV:
             state.extend(tokens, range(len(tokens)))
         return self.save(slot)
 
-    def restore_prefix(self, blobs: tuple[bytes, bytes], tokens: tuple[int, ...], kv: SessionKV, slot: int) -> bool:
-        """Start the empty ``slot`` from a shared prefix's state (:meth:`prefill_prefix`); False,
-        with the slot left empty, when llama.cpp cannot load it (a state written by another
-        build or with other context settings: the caller builds the prefix instead)."""
+    def restore_prefix(self, blobs: tuple[bytes, bytes], tokens: tuple[int, ...], kv: SessionKV, slot: int,
+                       held: int | None = None) -> bool:
+        """Start the empty ``slot`` from a saved dense prefix's state (:meth:`prefill_prefix`, a
+        checkpoint) that holds ``held`` tokens, of which the first ``len(tokens)`` are kept
+        (all by default); False, with the slot left empty, when llama.cpp cannot load it (a
+        state written by another build or with other context settings: the caller builds)."""
         try:
             self.load(blobs, slot)
         except EngineError:
             self.load(None, slot)
             return False
-        for state, blob in ((kv.target, blobs[0]), (kv.speculator, blobs[1])):
+        for ctx, state, blob in ((self.target_ctx, kv.target, blobs[0]),
+                                 (self.speculator_ctx, kv.speculator, blobs[1])):
             if blob:  # an empty speculator part: the prefix is deferred there
+                if held is not None and held > len(tokens):
+                    ctx.seq(slot).remove_from(len(tokens))
                 state.extend(tokens, range(len(tokens)))
         return True

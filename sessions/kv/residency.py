@@ -26,6 +26,7 @@ from core.prompt import Prompt
 from core.results import Result, Timings
 from core.steps import TurnSteps, Wait
 from core.turn_request import TurnRequest
+from sessions.kv.checkpoints import SessionCheckpoints
 from sessions.kv.parked import ParkedKV
 from sessions.kv.prefixes import PrefixCache
 from sessions.kv.slot_table import Seat, SlotTable
@@ -65,12 +66,15 @@ class PrefixStart:
 
 class Residency:
     def __init__(self, slots: int, parked: ParkedKV, prefix_min_tokens: int,
-                 holds: Callable[[Session], bool], tier: DirectoryTier | None = None) -> None:
+                 holds: Callable[[Session], bool], tier: DirectoryTier | None = None,
+                 checkpoint_tokens: int = 0) -> None:
         """``holds(session)``: whether the session table still holds that very session (one
         deleted, expired or moved away meanwhile has nothing worth parking)."""
         self.slots = SlotTable(slots)
         self.parked = parked
         self.prefixes = PrefixCache(parked, prefix_min_tokens, tier)
+        self.checkpoints = SessionCheckpoints(tier, checkpoint_tokens) if tier is not None and checkpoint_tokens \
+            else None
         self._holds = holds
         self.caught_up = 0  # scorer tokens prefilled in idle time
 
@@ -100,12 +104,40 @@ class Residency:
         self.caught_up += done
         return done
 
+    def idle(self, engine: Engine, catch_up_tokens: int) -> bool:
+        """One piece of idle work: catch a scorer up, else checkpoint a session; False: none."""
+        return (catch_up_tokens > 0 and self.catch_up(engine, catch_up_tokens) > 0) or self.checkpoint(engine)
+
+    def checkpoint(self, engine: Engine) -> bool:
+        """Idle time: save the KV of one idle resident session that has grown since its last
+        checkpoint into the KV tier (sessions.kv.checkpoints), so that a replica taking it
+        over, or this one after a restart, restores it.  Only a session whose target holds
+        all its tokens densely (no SpecPrefill gaps) is saved whole; its scorer's part goes
+        along when it holds the same tokens.  One save is a copy of the session's KV on the
+        model thread: a turn that arrives waits for it (tens of ms per 1K tokens)."""
+        if self.checkpoints is None:
+            return False
+        for slot, holder in self.slots.idle():
+            if not isinstance(holder, Session) or holder.state is not SessionState.IDLE:
+                continue
+            tokens = tuple(holder.kv.target.tokens)
+            n = dense_prefix(holder.kv.target, tokens)
+            if n != len(tokens) or not self.checkpoints.due(holder.key, n):
+                continue
+            with_scorer = dense_prefix(holder.kv.speculator, tokens) == n == len(holder.kv.speculator.tokens)
+            self.checkpoints.write(holder.key, holder.owner, tokens, engine.slot_kv.save(slot, with_scorer))
+            log.info("session_checkpointed", session_id=holder.id, tokens=n, with_scorer=with_scorer)
+            return True
+        return False
+
     def forget_kv(self, engine: Engine, session: Session) -> None:
         """A running turn keeps its slot until it ends; it then gives the slot up (see
-        :meth:`session_turn`)."""
+        :meth:`session_turn`).  A deleted session's checkpoint goes too."""
         if (slot := self.slots.evict(session)) is not None:
             engine.slot_kv.load(None, slot)
         self.parked.discard(session.key)
+        if self.checkpoints is not None and session.state is SessionState.DELETED:
+            self.checkpoints.forget(session.key)
 
     def _park(self, engine: Engine, seat: Seat) -> list[str]:
         """Save the KV of the idle session ``seat`` displaced (model thread only); returns
@@ -154,7 +186,9 @@ class Residency:
                     rebuilt = True
                     log.info("session_kv_rebuild", session_id=session.id)
                 engine.slot_kv.load(blobs, seat.slot)
-                if blobs is None:
+                if blobs is None and rebuilt:
+                    start = self._from_checkpoint(engine, session, prompt, seat.slot)
+                if blobs is None and not start.shared:
                     start = yield from self._start_from_prefix(engine, session.owner, session.kv, prompt, seat.slot)
                     evicted += start.evicted
             result = yield from engine.turn(prompt, work.params, work.sink, kv=session.kv, slot=seat.slot)
@@ -168,6 +202,20 @@ class Residency:
         result.timings.kv_rebuilt = rebuilt
         start.account(result.timings)
         return TurnOutcome(result, evicted)
+
+    def _from_checkpoint(self, engine: Engine, session: Session, prompt: Prompt, slot: int) -> PrefixStart:
+        """A session being rebuilt (taken over, restarted, dropped under the budget) starts
+        from its checkpoint in the KV tier when the prompt still begins with its tokens."""
+        t0, checkpoints = time.perf_counter(), self.checkpoints
+        found = checkpoints.find(session.key, session.owner, prompt.tokens) if checkpoints is not None else None
+        if checkpoints is None or found is None:
+            return PrefixStart()
+        held, n, blobs = found
+        if not engine.slot_kv.restore_prefix(blobs, prompt.tokens[:n], session.kv, slot, held):
+            return PrefixStart()
+        checkpoints.restored += 1
+        log.info("session_restored_from_checkpoint", session_id=session.id, tokens=n, held=held)
+        return PrefixStart(shared=n, seconds=time.perf_counter() - t0)
 
     def _start_from_prefix(self, engine: Engine, owner: str, kv: SessionKV, prompt: Prompt,
                            slot: int) -> TurnSteps[PrefixStart]:

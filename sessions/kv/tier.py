@@ -19,6 +19,7 @@ import hashlib
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -63,15 +64,18 @@ class DirectoryTier:
         self.hits += 1
         return blobs
 
-    def put(self, key: str, blobs: Blobs) -> None:
-        """Write the entry in the background (an entry already there, or being written, stays)."""
+    def put(self, key: str, blobs: Blobs, then: Callable[[], None] | None = None) -> None:
+        """Write the entry in the background (an entry already there, or being written, stays);
+        ``then`` runs on the writer once the entry is there (not when its write failed)."""
         with self._lock:
             if key in self._pending or self.path(key).exists():
+                if then is not None:  # one writer thread: after the write under way, if any
+                    self._writer.submit(lambda: self.path(key).exists() and then())
                 return
             self._pending.add(key)
-        self._writer.submit(self._write, key, blobs)
+        self._writer.submit(self._write, key, blobs, then)
 
-    def _write(self, key: str, blobs: Blobs) -> None:
+    def _write(self, key: str, blobs: Blobs, then: Callable[[], None] | None = None) -> None:
         path = self.path(key)
         tmp = path.with_name(f"{path.stem}.{uuid.uuid4().hex[:8]}.partial")  # replicas may write at once
         data = frame(blobs, self.fingerprint)
@@ -85,6 +89,8 @@ class DirectoryTier:
                 os.fsync(f.fileno())
             tmp.replace(path)
             self.writes += 1
+            if then is not None:
+                then()
         except OSError as exc:
             self.write_failures += 1
             log.warning("kv_tier_write_failed", file=path.name, bytes=len(data), error=str(exc))
@@ -114,6 +120,10 @@ class DirectoryTier:
             with contextlib.suppress(OSError):
                 total += p.stat().st_size
         return total
+
+    def flush(self) -> None:
+        """Wait for the writes queued so far."""
+        self._writer.submit(lambda: None).result()
 
     def close(self) -> None:
         """Finish the writes under way (a restart then finds them)."""

@@ -119,3 +119,38 @@ def test_a_sibling_conversation_fills_the_tier_by_copying_and_a_restart_restores
         assert t["prefix_shared_n"] > 1000 and t["prefix_built_n"] == 0 and t["prompt_n"] < 40, t
     finally:
         again.stop()
+
+
+def test_a_restarted_server_restores_a_session_from_its_checkpoint(tiny_target, tiny_speculator, tmp_path,
+                                                                   redis_server):
+    """Idle time checkpoints a session's KV into the tier; after a restart the session (its
+    history in Redis) is rebuilt from that checkpoint, prefilling only what came after it."""
+    def gateway():
+        return start_gateway(tiny_target, tiny_speculator, engine={"slots": 1}, kv_tier_dir=str(tmp_path),
+                             redis_url=redis_server.url, prefix_min_tokens=0, kv_checkpoint_tokens=256)
+    history = [{"role": "system", "content": SYSTEM}]
+    first = gateway()
+    try:
+        for question in ("Which unit alarmed?", "Report unit 7."):
+            history.append({"role": "user", "content": question})
+            r = httpx.post(first.base + "/v1/chat/completions", headers={"X-SpecGate-Session": "cp-1"}, timeout=120,
+                           json={"messages": history, "max_tokens": 4, "specprefill": False})
+            assert r.status_code == 200, r.text
+            history.append(r.json()["choices"][0]["message"])
+        assert until(lambda: metric(first.base, "specgate_session_checkpoints_total") >= 1)
+    finally:
+        first.stop()
+    again = gateway()
+    try:
+        history.append({"role": "user", "content": "And unit 9?"})
+        r = httpx.post(again.base + "/v1/chat/completions", headers={"X-SpecGate-Session": "cp-1"}, timeout=120,
+                       json={"messages": history, "max_tokens": 4, "specprefill": False})
+        assert r.status_code == 200, r.text
+        t = r.json()["timings"]
+        # the checkpoint is turn 1's (turn 2 added fewer than 256 tokens): restored up to where the
+        # re-rendered reply parts from the generated one, and only the rest prefilled
+        assert t["kv_rebuilt"] and t["prefix_shared_n"] > 1100 and t["prompt_n"] < 60, t
+        assert t["prompt_n"] == t["context_n"] - t["prefix_shared_n"]
+        assert metric(again.base, "specgate_session_checkpoint_restores_total") == 1
+    finally:
+        again.stop()

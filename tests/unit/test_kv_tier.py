@@ -14,7 +14,7 @@ BLOBS = (b"target-kv" * 100, b"speculator-kv" * 50)
 
 def written(tier: DirectoryTier, key: str, blobs: tuple[bytes, bytes] = BLOBS) -> None:
     tier.put(key, blobs)
-    tier._writer.submit(lambda: None).result(10)  # the writes before it have landed
+    tier.flush()  # the writes before it have landed
 
 
 def test_an_entry_round_trips_and_another_tier_on_the_folder_finds_it(tmp_path):

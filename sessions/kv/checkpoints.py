@@ -1,0 +1,108 @@
+"""Session checkpoints in the KV tier: a session's KV, written in idle time, that another
+replica (or this one after a restart) restores when it takes the session over, instead of
+prefilling the whole conversation again.
+
+A checkpoint is an ordinary tier entry named by its exact tokens (sessions.kv.prefixes.key:
+the owner and the tokens), so it is only ever restored into a prompt that starts with those
+very tokens, and it serves any conversation of that owner that does.  A small index file per
+session says which entry is its latest: its tokens and key.  A prompt whose tokens part from
+the checkpoint's before its end (a reply that renders back as other tokens than were
+generated) restores the part they share.  The index is written after
+the entry has landed, so a reader never follows it to a missing file (a stale index points to
+an older entry, which is still a prefix of the conversation, or to one evicted by the tier's
+budget: then the session rebuilds, as it did without a tier).  Both live under the tier's
+folder, so replicas that share it share checkpoints.  Model thread for what reads the KV;
+files on the tier's writer thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
+
+from sessions.kv.parked import Blobs
+from sessions.kv.prefixes import PrefixCache
+from sessions.kv.tier import DirectoryTier
+
+
+class SessionCheckpoints:
+    def __init__(self, tier: DirectoryTier, min_new_tokens: int = 1024) -> None:
+        self.tier = tier
+        self.dir = tier.dir.parent / "sessions"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.min_new = min_new_tokens  # a session is checkpointed again once it holds this many more tokens
+        self._done: dict[str, int] = {}  # session key -> tokens in its last checkpoint (this process)
+        self.written = self.restored = 0
+
+    def _index(self, session_key: str) -> Path:
+        return self.dir / f"{hashlib.sha256(session_key.encode()).hexdigest()[:40]}.json"
+
+    def due(self, session_key: str, n: int) -> bool:
+        return n - self._done.get(session_key, 0) >= self.min_new
+
+    def write(self, session_key: str, owner: str, tokens: Sequence[int], blobs: Blobs) -> None:
+        """Keep ``blobs`` (the KV of exactly ``tokens``) as the session's checkpoint; the files
+        are written off the model thread."""
+        n, key = len(tokens), PrefixCache.key(owner, tokens)
+        self._done[session_key] = n
+        self.tier.put(key, blobs, then=lambda: self._write_index(session_key, tuple(tokens), key))
+
+    def _write_index(self, session_key: str, tokens: tuple[int, ...], key: str) -> None:
+        """Point the session at its new entry, and drop the entry it replaces (a conversation's
+        checkpoints grow by a turn each: only the latest is worth its bytes)."""
+        path = self._index(session_key)
+        old = self._read(path)
+        tmp = path.with_name(f"{path.stem}.{uuid.uuid4().hex[:8]}.partial")
+        try:
+            tmp.write_bytes(orjson.dumps({"tokens": tokens, "key": key}))
+            os.replace(tmp, path)
+            self.written += 1
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            return
+        if old is not None and old[1] != key:
+            self.tier.path(old[1]).unlink(missing_ok=True)
+
+    @staticmethod
+    def _read(path: Path) -> tuple[tuple[int, ...], str] | None:
+        try:
+            index = orjson.loads(path.read_bytes())
+            return tuple(int(t) for t in index["tokens"]), str(index["key"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def find(self, session_key: str, owner: str, tokens: Sequence[int],
+             min_tokens: int = 32) -> tuple[int, int, Blobs] | None:
+        """The session's checkpoint when it shares at least ``min_tokens`` leading tokens with
+        ``tokens`` and leaves some to prefill: (tokens it holds, tokens shared, its blobs);
+        None otherwise (none, another key's, another conversation, or gone)."""
+        if (index := self._read(self._index(session_key))) is None:
+            return None
+        held, key = index
+        if PrefixCache.key(owner, held) != key:  # written for another key (or tampered with)
+            return None
+        shared = _common(held, tokens)
+        if shared < min_tokens or shared >= len(tokens):
+            return None
+        blobs = self.tier.get(key)
+        return (len(held), shared, blobs) if blobs is not None else None
+
+    def forget(self, session_key: str) -> None:
+        """The session was deleted: its index goes (the entry ages out of the tier)."""
+        self._done.pop(session_key, None)
+        with contextlib.suppress(OSError):
+            self._index(session_key).unlink()
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,53 @@
+"""Session checkpoints in the KV tier without a model: the index follows the entry, a
+checkpoint serves only a prompt that starts with its exact tokens (and is shorter than it),
+a newer one replaces the older entry, another tier on the folder (a replica) finds it, and a
+deleted session's index goes."""
+
+from __future__ import annotations
+
+from sessions.kv.checkpoints import SessionCheckpoints
+from sessions.kv.prefixes import PrefixCache
+from sessions.kv.tier import DirectoryTier
+
+BLOBS = (b"target" * 64, b"scorer" * 32)
+TOKENS = tuple(range(100, 400))  # 300 tokens
+
+
+def tiers(tmp_path) -> tuple[DirectoryTier, SessionCheckpoints]:
+    tier = DirectoryTier(tmp_path, b"pair", 1 << 20)
+    return tier, SessionCheckpoints(tier, min_new_tokens=256)
+
+
+def test_a_checkpoint_serves_a_prompt_that_starts_with_its_tokens_on_another_replica(tmp_path):
+    tier, mine = tiers(tmp_path)
+    assert mine.due("alice:s1", 300)
+    mine.write("alice:s1", "alice", TOKENS, BLOBS)
+    tier.flush()
+    assert not mine.due("alice:s1", 400) and mine.due("alice:s1", 556) and mine.written == 1
+    _, theirs = tiers(tmp_path)  # a replica on the same folder
+    assert theirs.find("alice:s1", "alice", (*TOKENS, 7, 8)) == (300, 300, BLOBS)
+    assert theirs.find("alice:s1", "alice", (*TOKENS[:250], 9, 9)) == (300, 250, BLOBS)  # parts at 250
+    assert theirs.find("alice:s1", "alice", TOKENS) is None  # nothing left to prefill
+    assert theirs.find("alice:s1", "alice", (1, *TOKENS[1:], 7)) is None  # other tokens from the start
+    assert theirs.find("alice:s1", "bob", (*TOKENS, 7)) is None  # another key's conversation
+    assert theirs.find("alice:s2", "alice", (*TOKENS, 7)) is None  # another session
+
+
+def test_a_newer_checkpoint_replaces_the_older_entry_and_delete_drops_the_index(tmp_path):
+    tier, cp = tiers(tmp_path)
+    cp.write("alice:s1", "alice", TOKENS, BLOBS)
+    longer = (*TOKENS, *range(500, 800))
+    cp.write("alice:s1", "alice", longer, (b"t2", b"s2"))
+    tier.flush()
+    assert not tier.path(PrefixCache.key("alice", TOKENS)).exists()
+    assert cp.find("alice:s1", "alice", (*longer, 1)) == (600, 600, (b"t2", b"s2"))
+    cp.forget("alice:s1")
+    assert cp.find("alice:s1", "alice", (*longer, 1)) is None and not any(cp.dir.iterdir())
+
+
+def test_an_index_whose_entry_is_gone_finds_nothing(tmp_path):
+    tier, cp = tiers(tmp_path)
+    cp.write("alice:s1", "alice", TOKENS, BLOBS)
+    tier.flush()
+    tier.path(PrefixCache.key("alice", TOKENS)).unlink()  # evicted by the tier's budget
+    assert cp.find("alice:s1", "alice", (*TOKENS, 1)) is None
