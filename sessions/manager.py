@@ -281,6 +281,7 @@ class SessionManager:
     def release(self, session: Session) -> None:
         if session.state is SessionState.RUNNING:
             session.state = SessionState.IDLE
+            self.worker.wake()  # its scorer to catch up, its KV to checkpoint
         session.cancel = None
         session.request_id = None
 

@@ -84,6 +84,12 @@ class ModelWorker:
         logged, never raised to anyone."""
         self._queue(fn).add_done_callback(_log_failure)
 
+    def wake(self) -> None:
+        """Let idle work look again: it may have found nothing as a turn ended, its session
+        not yet marked idle on the event loop, and then waits for the next call."""
+        if self.idle is not None:
+            self.post(lambda engine: None)
+
     async def turn(self, start: Callable[[Engine], TurnSteps[T]], abort: Callable[[], bool] | None = None) -> T:
         """Run the turn ``start(engine)`` returns in the step loop; ``abort`` is polled
         before each of its prefill chunks."""
