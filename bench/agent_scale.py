@@ -11,21 +11,30 @@ with no session named, as Claude Code sends it:
    shared mount), gets a third task: it has never seen the prompt, and reads the prefix
    the first one wrote;
 4. restarted: both are stopped, one is started again on that folder, and a fourth task
-   arrives (the prefix is read back from the tier).
+   arrives (the prefix is read back from the tier);
+5. named, then after_sigkill: on that server, a conversation naming its session (as an agent
+   framework that names one does) runs a turn; idle time checkpoints its KV to the tier; the
+   server is SIGKILLed, leaving its lease in Redis; a new server on another port (another
+   replica) gets the conversation's next turn, takes the session over from its dead owner,
+   and restores the checkpoint instead of prefilling the conversation.
 
-For each: the server's TTFT, tokens prefilled into the target, tokens reused and how; with
-the tier's bytes on disk and the server's RSS.  The cold run is the dense recompute the
-others are compared with, measured in the same run.  Not here yet: HAProxy in front of the
-replicas (the tier does not depend on it), a SIGKILLed owner, the Redis backend, and
-llama-server as a peer.
+Every server shares one redis-server and the tier folder.  For each arm: the server's TTFT,
+tokens prefilled into the target, tokens reused and how; with the tier's bytes on disk and the
+server's RSS.  The cold run is the dense recompute the others are compared with, measured in
+the same run.  Not here yet: HAProxy in front of the replicas (neither the tier nor the
+takeover depends on it; tests/integration/test_takeover_kv.py runs it), the Redis backend,
+and llama-server as a peer.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +42,12 @@ import httpx
 import orjson
 
 from bench.common import bench_engine, free_port, progress, write_result
-from bench.serving import server, specgate_cmd
+from bench.serving import redis_server, server, specgate_cmd
 from core.config import EngineConfig
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests/fixtures/clients/claude_code_first.json"
-TASKS = ("Say hello", "List the files in this repository.", "Which tests are there?", "What does the README say?")
+TASKS = ("Say hello", "List the files in this repository.", "Which tests are there?", "What does the README say?",
+         "Find the failing test.")
 
 
 def body(task: str) -> dict[str, Any]:
@@ -71,31 +81,63 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
+    with redis_server() as rport:
+        def serve(name: str) -> tuple[Any, Path, list[int]]:
+            port, pids = free_port(), list[int]()
+            log = logs / f"agent_scale_{name}.log"
+            cmd = specgate_cmd(port, engine, kv_tier_dir=str(tier), log_level="info",
+                               redis_url=f"redis://127.0.0.1:{rport}/0")
+            return server(cmd, port, log, pids), log, pids
 
-    def ask(http: httpx.Client, log: Path, pid: int, arm: str, task: str) -> None:
-        progress(f"agent_scale: {arm}")
-        r = http.post("/v1/messages", json=body(task))
-        r.raise_for_status()
-        rows.append(row(arm, turn_done(log, 0), r.elapsed.total_seconds(), pid))
+        def ask(base: str, log: Path, pid: int, arm: str, doc: dict[str, Any], sid: str = "") -> None:
+            progress(f"agent_scale: {arm}")
+            r = httpx.post(base + "/v1/messages", json=doc, timeout=3600,
+                           headers={"X-SpecGate-Session": sid} if sid else {})
+            r.raise_for_status()
+            rows.append(row(arm, turn_done(log, 0), r.elapsed.total_seconds(), pid))
 
-    def serve(name: str) -> tuple[Any, Path, list[int]]:
-        port, pids = free_port(), list[int]()
-        log = logs / f"agent_scale_{name}.log"
-        return server(specgate_cmd(port, engine, kv_tier_dir=str(tier), log_level="info"), port, log, pids), log, pids
+        first, first_log, first_pids = serve("first")
+        with first as base:
+            ask(base, first_log, first_pids[0], "cold", body(TASKS[0]))
+            ask(base, first_log, first_pids[0], "sibling", body(TASKS[1]))
+            wait_for(lambda: any(tier.rglob("*.kv")))  # the tier's write runs off the reply path
+            second, second_log, second_pids = serve("replica")
+            with second as base2:
+                ask(base2, second_log, second_pids[0], "replica", body(TASKS[2]))
+        again, again_log, again_pids = serve("restarted")
+        with again as base:
+            ask(base, again_log, again_pids[0], "restarted", body(TASKS[3]))
+            ask(base, again_log, again_pids[0], "named", body(TASKS[4]), SESSION)
+            wait_for(lambda: f'"session_id": "{SESSION}"' in checkpointed(again_log))
+            os.kill(again_pids[0], signal.SIGKILL)  # the owner dies; its lease is left in Redis
+        survivor, survivor_log, survivor_pids = serve("survivor")
+        with survivor as base:
+            ask(base, survivor_log, survivor_pids[0], "after_sigkill", next_turn(body(TASKS[4])), SESSION)
+    return summarize(rows, tier, out, engine)
 
-    first, first_log, first_pids = serve("first")
-    with first as base, httpx.Client(base_url=base, timeout=3600) as http:
-        ask(http, first_log, first_pids[0], "cold", TASKS[0])
-        ask(http, first_log, first_pids[0], "sibling", TASKS[1])
-        deadline = time.monotonic() + 120  # the tier's write runs off the reply path
-        while not any(tier.rglob("*.kv")) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        second, second_log, second_pids = serve("replica")
-        with second as base2, httpx.Client(base_url=base2, timeout=3600) as http2:
-            ask(http2, second_log, second_pids[0], "replica", TASKS[2])
-    again, again_log, again_pids = serve("restarted")
-    with again as base, httpx.Client(base_url=base, timeout=3600) as http:
-        ask(http, again_log, again_pids[0], "restarted", TASKS[3])
+
+SESSION = "agent-1"
+
+
+def next_turn(doc: dict[str, Any]) -> dict[str, Any]:
+    """The conversation's next request: its reply so far and a new instruction."""
+    return {**doc, "messages": [*doc["messages"], {"role": "assistant", "content": "I will look."},
+                                {"role": "user", "content": "Now run the tests and report what fails."}]}
+
+
+def checkpointed(log: Path) -> str:
+    return "\n".join(line for line in log.read_text().splitlines() if '"session_checkpointed"' in line)
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError("agent_scale: waited too long for the KV tier")
+        time.sleep(0.5)
+
+
+def summarize(rows: list[dict[str, Any]], tier: Path, out: Path, engine: EngineConfig) -> dict[str, Any]:
     tier_bytes = sum(p.stat().st_size for p in tier.rglob("*.kv"))
     cold = rows[0]["ttft_ms"]
     summary: dict[str, Any] = {

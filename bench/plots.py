@@ -193,9 +193,13 @@ def soak(samples: list[dict[str, Any]], out: Path) -> None:
     ax.plot(t, [s["rss_mb"] for s in samples], label="server RSS (MB)")
     ax.plot(t, [s.get("specgate_kv_bytes_ram", 0) / 2**20 for s in samples], label="parked KV in RAM (MB)")
     ax.plot(t, [s.get("specgate_kv_bytes_disk", 0) / 2**20 for s in samples], label="spilled KV on disk (MB)")
-    if any("redis_mb" in s for s in samples):
-        ax.plot(t, [s.get("redis_mb", 0) for s in samples], label="Redis used memory (MB)")
-    _finish(fig, ax, out, "seconds", "MB", "soak: sessions x turns, tiny models, 16 MB KV budget")
+    if any("redis_mb" in s for s in samples):  # a few MB: on an axis of its own, or it is a flat line at 0
+        right = ax.twinx()
+        right.plot(t, [s.get("redis_mb", 0) for s in samples], color="tab:red", label="Redis used memory (MB)")
+        right.set_ylabel("Redis MB", color="tab:red")
+        right.set_ylim(bottom=0)
+        right.legend(fontsize=8, loc="lower right")
+    _finish(fig, ax, out, "seconds", "MB", "soak: sessions x turns, tiny models, 16 MB KV budget", legend_size=8)
 
 
 def concurrency(rows: list[dict[str, Any]], out: Path) -> None:

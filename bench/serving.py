@@ -26,6 +26,28 @@ from core.config import EngineConfig
 
 
 @contextlib.contextmanager
+def redis_server() -> Iterator[int]:
+    """A throwaway redis-server on a free port (no persistence) for the ``with`` block: its port."""
+    import shutil
+
+    redis_bin = shutil.which("redis-server")
+    if redis_bin is None:
+        raise RuntimeError("this bench needs redis-server (ops/test.sh installs it)")
+    port = free_port()
+    proc = subprocess.Popen([redis_bin, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and subprocess.run(
+                ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() != "PONG":
+            time.sleep(0.05)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextlib.contextmanager
 def server(cmd: list[str], port: int, log: Path, pids: list[int] | None = None,
            env: dict[str, str] | None = None) -> Iterator[str]:
     """A server process for the ``with`` block; its pid is appended to ``pids``."""
@@ -48,7 +70,8 @@ def server(cmd: list[str], port: int, log: Path, pids: list[int] | None = None,
                 raise RuntimeError(f"server did not come up: see {log}")
             yield base
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # a bench may have SIGKILLed it
+                os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(60)
 
 
