@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import random
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -31,7 +30,7 @@ import httpx
 import orjson
 
 from bench.common import free_port, progress, write_result
-from bench.serving import server, specgate_cmd
+from bench.serving import redis_server, server, specgate_cmd
 from core.config import EngineConfig
 
 WORDS = ("valve pump sensor log line reading pressure flow alarm reset shift operator panel unit check "
@@ -141,26 +140,22 @@ async def drive(base: str, n_sessions: int, turns: int, concurrency: int, statel
 
 def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 100, turns: int = 10,
         stateless: bool = False, responses: bool = False) -> dict[str, Any]:
-    redis_bin = shutil.which("redis-server")
-    if redis_bin is None:
-        raise RuntimeError("the soak needs redis-server (ops/test.sh installs it)")
     import redis
 
-    rport, port = free_port(), free_port()
-    redis_proc = subprocess.Popen([redis_bin, "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
-                                   "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    port = free_port()
     spill = Path(tempfile.mkdtemp(prefix="specgate-soak-"))
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     engine = EngineConfig(target=tiny_target, speculator=tiny_speculator, n_ctx=8192)
-    cmd = specgate_cmd(port, engine, redis_url=f"redis://127.0.0.1:{rport}/0", kv_budget_mb=16,
-                       kv_spill_dir=str(spill), kv_spill_max_mb=64, max_queue=256, min_tokens=0)
     samples: list[dict[str, Any]] = []
     pids: list[int] = []
     stop = threading.Event()
+    name = "soak_responses" if responses else "soak_stateless" if stateless else "soak"
     try:
-        name = "soak_responses" if responses else "soak_stateless" if stateless else "soak"
-        with server(cmd, port, logs / f"{name}.log", pids) as base:
+        with redis_server() as rport, server(
+                specgate_cmd(port, engine, redis_url=f"redis://127.0.0.1:{rport}/0", kv_budget_mb=16,
+                             kv_spill_dir=str(spill), kv_spill_max_mb=64, max_queue=256, min_tokens=0),
+                port, logs / f"{name}.log", pids) as base:
             th = threading.Thread(target=sampler, args=(pids[0], base, samples, stop, rport), daemon=True)
             th.start()
             progress(f"soak: {n_sessions} sessions x {turns} turns")
@@ -178,7 +173,6 @@ def run(tiny_target: str, tiny_speculator: str, out: Path, n_sessions: int = 100
             final = scrape(base)
     finally:
         stop.set()
-        redis_proc.terminate()
         shutil.rmtree(spill, ignore_errors=True)
     rss = [s["rss_mb"] for s in samples]
     third = max(1, len(rss) // 3)
