@@ -54,8 +54,9 @@ HELP = {
     "n_threads": "llama.cpp threads (default: all cores)",
     "api_keys_file": "file of API keys, one per line (or SPECGATE_API_KEYS=k1,k2); none = no authentication",
     "kv_spill_max_mb": "disk the spilled KV may take; past it the oldest spills are dropped",
-    "kv_tier_dir": "keep shared prefixes' KV in this folder across restarts, and share it with replicas that use "
-                   "the same one (auto: the cache dir, next to the models; empty: off)",
+    "kv_tier_dir": "keep shared prefixes' and sessions' KV in this folder across restarts, and share it with "
+                   "replicas that use the same one; or a redis:// URL (chunked, with a TTL and the byte budget "
+                   "below); auto: the cache dir, next to the models; empty: off",
     "kv_tier_max_mb": "disk the KV tier may take; past it the least recently used entries are dropped",
     "kv_checkpoint_tokens": "in idle time, save a session's KV to the KV tier once it holds this many tokens more "
                             "than its last save, so a replica taking it over, or a restart, restores it (0: off)",

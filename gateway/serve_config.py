@@ -32,7 +32,7 @@ class GatewayConfig:
     api_keys: tuple[str, ...] = ()  # SPECGATE_API_KEYS=k1,k2; none (and no file) = no authentication
     api_keys_file: str = ""  # one key per line, '#' comments
     kv_spill_max_mb: int = 8192  # disk the spilled KV may take; past it the oldest spills are dropped
-    kv_tier_dir: str = "auto"  # shared prefixes' KV that outlives the process; auto = the cache dir, "" = off
+    kv_tier_dir: str = "auto"  # KV that outlives the process: a folder or redis:// URL; auto = the cache dir, "" = off
     kv_tier_max_mb: int = 16384  # disk the KV tier may take; past it the least recently used entries go
     kv_checkpoint_tokens: int = 1024  # idle sessions' KV saved to the tier once grown this much (0: off)
     catch_up_tokens: int = 256  # idle time catches scorers up in chunks this size (0: off); a turn waits one at most

@@ -18,7 +18,8 @@ from core.config import EngineConfig, Limits
 from core.runtime.worker import ModelState, ModelWorker
 from sessions.admission import FairAdmission
 from sessions.kv.parked import ParkedKV
-from sessions.kv.tier import DirectoryTier
+from sessions.kv.tier import DirectoryTier, KVTier
+from sessions.kv.tier_redis import RedisTier
 from sessions.manager import SessionManager
 from sessions.metadata import MetadataStore, RedisStore, open_store
 from sessions.registry import LocalRegistry, RedisRegistry, Registry
@@ -40,7 +41,7 @@ class LayerSettings:
     kv_budget_mb: int = 2048
     kv_spill_dir: str = ""
     kv_spill_max_mb: int = 8192
-    kv_tier_dir: str = ""  # empty: no tier
+    kv_tier_dir: str = ""  # a folder or a Redis URL; empty: no tier
     kv_tier_max_mb: int = 16384
     catch_up_tokens: int = 256  # 0: no idle catch-up
     kv_checkpoint_tokens: int = 1024  # 0: no session checkpoints in the tier
@@ -60,6 +61,15 @@ def model_fingerprint(engine: EngineConfig) -> bytes:
     return "|".join([*parts, engine.kv_type]).encode()
 
 
+def open_tier(where: str, fingerprint: bytes, budget_bytes: int) -> KVTier | None:
+    """The KV tier ``--kv-tier-dir`` names: a Redis URL, a folder, or none (empty)."""
+    if not where:
+        return None
+    if where.startswith(("redis://", "rediss://", "unix://")):
+        return RedisTier(where, fingerprint, budget_bytes)
+    return DirectoryTier(where, fingerprint, budget_bytes)
+
+
 @contextlib.asynccontextmanager
 async def open_layer(engine: EngineConfig, s: LayerSettings) -> AsyncIterator[SessionManager]:
     async with contextlib.AsyncExitStack() as stack:
@@ -68,11 +78,10 @@ async def open_layer(engine: EngineConfig, s: LayerSettings) -> AsyncIterator[Se
         admission = FairAdmission(s.max_queue, engine.slots)
         parked = ParkedKV(s.kv_budget_mb << 20, s.kv_spill_dir or None, model_fingerprint(engine),
                           s.kv_spill_max_mb << 20, namespace=s.replica_id)
-        tier = DirectoryTier(s.kv_tier_dir, model_fingerprint(engine), s.kv_tier_max_mb << 20) \
-            if s.kv_tier_dir else None
+        tier = open_tier(s.kv_tier_dir, model_fingerprint(engine), s.kv_tier_max_mb << 20)
         if tier is not None:
             stack.callback(tier.close)  # before the models close: a write under way lands
-            log.info("kv_tier_opened", dir=str(tier.dir), max_mb=s.kv_tier_max_mb)
+            log.info("kv_tier_opened", where=tier.where, max_mb=s.kv_tier_max_mb)
         manager = SessionManager(worker, store, parked, admission, writer, s.limits, s.session_ttl_s, registry,
                                  s.prefix_min_tokens, s.implicit_min_share, tier, s.kv_checkpoint_tokens)
         if s.catch_up_tokens or manager.residency.checkpoints is not None:  # scorers caught up, sessions saved

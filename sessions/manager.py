@@ -45,7 +45,7 @@ from sessions.kv.parked import ParkedKV
 from sessions.kv.prefixes import PrefixCache
 from sessions.kv.residency import Residency, TurnOutcome
 from sessions.kv.slot_table import SlotTable
-from sessions.kv.tier import DirectoryTier
+from sessions.kv.tier import KVTier
 from sessions.metadata import MetadataStore
 from sessions.registry import LocalRegistry, Registry
 from sessions.session import IMPLICIT_PREFIX, KVLocation, Session, SessionState
@@ -62,7 +62,7 @@ class SessionManager:
     def __init__(self, worker: ModelWorker, store: MetadataStore, parked: ParkedKV, admission: FairAdmission,
                  writer: StoreWriter, limits: Limits = DEFAULT_LIMITS, ttl_s: float = 86400,
                  registry: Registry | None = None, prefix_min_tokens: int = 256,
-                 implicit_min_share: float = 0.5, tier: DirectoryTier | None = None,
+                 implicit_min_share: float = 0.5, tier: KVTier | None = None,
                  checkpoint_tokens: int = 0) -> None:
         self.worker = worker
         self.store = store
@@ -398,7 +398,7 @@ class SessionManager:
             "caught_up": self.residency.caught_up, "idle_chunks": steps.idle_chunks,
             "tier_hits": prefixes.tier_hits, "tier_writes": prefixes.tier.writes if prefixes.tier else 0,
             "tier_rejected": prefixes.tier.rejected if prefixes.tier else 0,
-            "tier_bytes": prefixes.tier.bytes_on_disk if prefixes.tier else 0,
+            "tier_bytes": prefixes.tier.bytes_used if prefixes.tier else 0,
             "checkpoints_written": checkpoints.written if checkpoints else 0,
             "checkpoints_restored": checkpoints.restored if checkpoints else 0,
             "implicit_hits": self.implicit.hits, "implicit_misses": self.implicit.misses,

@@ -17,31 +17,26 @@ files on the tier's writer thread.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import uuid
 from collections.abc import Sequence
-from pathlib import Path
 
 import orjson
 
 from sessions.kv.parked import Blobs
 from sessions.kv.prefixes import PrefixCache
-from sessions.kv.tier import DirectoryTier
+from sessions.kv.tier import KVTier
 
 
 class SessionCheckpoints:
-    def __init__(self, tier: DirectoryTier, min_new_tokens: int = 1024) -> None:
+    def __init__(self, tier: KVTier, min_new_tokens: int = 1024) -> None:
         self.tier = tier
-        self.dir = tier.dir.parent / "sessions"
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.min_new = min_new_tokens  # a session is checkpointed again once it holds this many more tokens
         self._done: dict[str, int] = {}  # session key -> tokens in its last checkpoint (this process)
         self.written = self.restored = 0
 
-    def _index(self, session_key: str) -> Path:
-        return self.dir / f"{hashlib.sha256(session_key.encode()).hexdigest()[:40]}.json"
+    @staticmethod
+    def _index(session_key: str) -> str:
+        return f"session-{hashlib.sha256(session_key.encode()).hexdigest()[:40]}.json"
 
     def due(self, session_key: str, n: int) -> bool:
         return n - self._done.get(session_key, 0) >= self.min_new
@@ -56,25 +51,18 @@ class SessionCheckpoints:
     def _write_index(self, session_key: str, tokens: tuple[int, ...], key: str) -> None:
         """Point the session at its new entry, and drop the entry it replaces (a conversation's
         checkpoints grow by a turn each: only the latest is worth its bytes)."""
-        path = self._index(session_key)
-        old = self._read(path)
-        tmp = path.with_name(f"{path.stem}.{uuid.uuid4().hex[:8]}.partial")
-        try:
-            tmp.write_bytes(orjson.dumps({"tokens": tokens, "key": key}))
-            os.replace(tmp, path)
-            self.written += 1
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            return
+        name = self._index(session_key)
+        old = self._read(name)
+        self.tier.write_note(name, orjson.dumps({"tokens": tokens, "key": key}))
+        self.written += 1
         if old is not None and old[1] != key:
-            self.tier.path(old[1]).unlink(missing_ok=True)
+            self.tier.drop(old[1])
 
-    @staticmethod
-    def _read(path: Path) -> tuple[tuple[int, ...], str] | None:
+    def _read(self, name: str) -> tuple[tuple[int, ...], str] | None:
         try:
-            index = orjson.loads(path.read_bytes())
+            index = orjson.loads(self.tier.read_note(name) or b"")
             return tuple(int(t) for t in index["tokens"]), str(index["key"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             return None
 
     def find(self, session_key: str, owner: str, tokens: Sequence[int],
@@ -96,8 +84,7 @@ class SessionCheckpoints:
     def forget(self, session_key: str) -> None:
         """The session was deleted: its index goes (the entry ages out of the tier)."""
         self._done.pop(session_key, None)
-        with contextlib.suppress(OSError):
-            self._index(session_key).unlink()
+        self.tier.delete_note(self._index(session_key))
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:

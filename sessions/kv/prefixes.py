@@ -29,7 +29,7 @@ import numpy as np
 
 from core.prompt import Prompt
 from sessions.kv.parked import Blobs, ParkedKV
-from sessions.kv.tier import DirectoryTier
+from sessions.kv.tier import KVTier
 
 SEEN_KEYS = 4096  # prefixes remembered as seen once (a key each, no KV)
 KEY_MARK = "\0prefix:"  # no session key starts with a NUL: the two never collide in ParkedKV
@@ -46,7 +46,7 @@ def prefix_end(prompt: Prompt, min_tokens: int) -> int:
 
 
 class PrefixCache:
-    def __init__(self, parked: ParkedKV, min_tokens: int, tier: DirectoryTier | None = None) -> None:
+    def __init__(self, parked: ParkedKV, min_tokens: int, tier: KVTier | None = None) -> None:
         self.parked = parked
         self.tier = tier
         self.min_tokens = min_tokens  # 0: off
@@ -73,7 +73,7 @@ class PrefixCache:
         return self.building(key) or self.get(key) is not None or self.in_tier(key) or self.frequent(key)
 
     def in_tier(self, key: str) -> bool:
-        return self.tier is not None and self.tier.path(key).exists()
+        return self.tier is not None and self.tier.has(key)
 
     def frequent(self, key: str) -> bool:
         """Whether ``key`` was seen before; the first time, remember it and say no."""
@@ -109,7 +109,7 @@ class PrefixCache:
         """Drop an entry llama.cpp could not load, here and in the tier."""
         self.parked.discard(key)
         if self.tier is not None:
-            self.tier.path(key).unlink(missing_ok=True)
+            self.tier.drop(key)
 
     def finish(self, key: str, blobs: Blobs | None) -> list[str]:
         """The build ended: keep its state (None: it failed, the next turn builds it).

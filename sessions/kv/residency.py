@@ -30,7 +30,7 @@ from sessions.kv.checkpoints import SessionCheckpoints
 from sessions.kv.parked import ParkedKV
 from sessions.kv.prefixes import PrefixCache
 from sessions.kv.slot_table import Seat, SlotTable
-from sessions.kv.tier import DirectoryTier
+from sessions.kv.tier import KVTier
 from sessions.session import KVLocation, Session, SessionState
 
 if TYPE_CHECKING:  # the engine runs on the model thread; this module only hands it work
@@ -66,7 +66,7 @@ class PrefixStart:
 
 class Residency:
     def __init__(self, slots: int, parked: ParkedKV, prefix_min_tokens: int,
-                 holds: Callable[[Session], bool], tier: DirectoryTier | None = None,
+                 holds: Callable[[Session], bool], tier: KVTier | None = None,
                  checkpoint_tokens: int = 0) -> None:
         """``holds(session)``: whether the session table still holds that very session (one
         deleted, expired or moved away meanwhile has nothing worth parking)."""

@@ -42,7 +42,7 @@ def test_a_newer_checkpoint_replaces_the_older_entry_and_delete_drops_the_index(
     assert not tier.path(PrefixCache.key("alice", TOKENS)).exists()
     assert cp.find("alice:s1", "alice", (*longer, 1)) == (600, 600, (b"t2", b"s2"))
     cp.forget("alice:s1")
-    assert cp.find("alice:s1", "alice", (*longer, 1)) is None and not any(cp.dir.iterdir())
+    assert cp.find("alice:s1", "alice", (*longer, 1)) is None and not any(tier.notes.iterdir())
 
 
 def test_an_index_whose_entry_is_gone_finds_nothing(tmp_path):

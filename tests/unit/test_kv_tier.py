@@ -52,5 +52,5 @@ def test_the_folder_stays_within_its_budget_least_recently_used_first(tmp_path):
     assert tier.get("b") == BLOBS and tier.path("b").stat().st_mtime > 2  # a read makes it the newest
     written(tier, "c")
     assert not tier.path("a").exists() and tier.get("b") == BLOBS and tier.get("c") == BLOBS
-    assert tier.bytes_on_disk <= 2 * one
+    assert tier.bytes_used <= 2 * one
     tier.close()
