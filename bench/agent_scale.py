@@ -100,7 +100,9 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
         with first as base:
             ask(base, first_log, first_pids[0], "cold", body(TASKS[0]))
             ask(base, first_log, first_pids[0], "sibling", body(TASKS[1]))
-            wait_for(lambda: any(tier.rglob("*.kv")))  # the tier's write runs off the reply path
+            # the tier's writes run off the reply path, and idle work (the scorers caught up, both
+            # sessions checkpointed) would share these 2 cores with the replica: let both finish
+            wait_for(lambda: checkpoints(base) >= 2)
             second, second_log, second_pids = serve("replica")
             with second as base2:
                 ask(base2, second_log, second_pids[0], "replica", body(TASKS[2]))
@@ -108,7 +110,7 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
         with again as base:
             ask(base, again_log, again_pids[0], "restarted", body(TASKS[3]))
             ask(base, again_log, again_pids[0], "named", body(TASKS[4]), SESSION)
-            wait_for(lambda: f'"session_id": "{SESSION}"' in checkpointed(again_log))
+            wait_for(lambda: checkpoints(base) >= 2)  # written (not only queued): this arm's and the named one
             os.kill(again_pids[0], signal.SIGKILL)  # the owner dies; its lease is left in Redis
         survivor, survivor_log, survivor_pids = serve("survivor")
         with survivor as base:
@@ -125,8 +127,11 @@ def next_turn(doc: dict[str, Any]) -> dict[str, Any]:
                                 {"role": "user", "content": "Now run the tests and report what fails."}]}
 
 
-def checkpointed(log: Path) -> str:
-    return "\n".join(line for line in log.read_text().splitlines() if '"session_checkpointed"' in line)
+def checkpoints(base: str) -> float:
+    """Session checkpoints the server has written to the tier (its index landed after the entry)."""
+    text = httpx.get(base + "/metrics", timeout=30).text
+    return next(float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("specgate_session_checkpoints_total "))
 
 
 def wait_for(check: Callable[[], bool], timeout_s: float = 600) -> None:
