@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import orjson
 
+from core.spans import common_prefix
 from sessions.kv.parked import Blobs
 from sessions.kv.prefixes import PrefixCache
 from sessions.kv.tier import KVTier
@@ -75,7 +76,7 @@ class SessionCheckpoints:
         held, key = index
         if PrefixCache.key(owner, held) != key:  # written for another key (or tampered with)
             return None
-        shared = _common(held, tokens)
+        shared = common_prefix(held, tokens)
         if shared < min_tokens or shared >= len(tokens):
             return None
         blobs = self.tier.get(key)
@@ -86,10 +87,3 @@ class SessionCheckpoints:
         self._done.pop(session_key, None)
         self.tier.delete_note(self._index(session_key))
 
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

@@ -161,7 +161,7 @@ class DirectoryTier(KVTier):
         self.where = str(self.dir.parent)
 
     def path(self, key: str) -> Path:
-        return self.dir / f"{self.name(key)}.kv"
+        return self._file(self.name(key))
 
     def _file(self, name: str) -> Path:
         return self.dir / f"{name}.kv"
