@@ -18,12 +18,16 @@ with no session named, as Claude Code sends it:
    replica) gets the conversation's next turn, takes the session over from its dead owner,
    and restores the checkpoint instead of prefilling the conversation.
 
-Every server shares one redis-server and the tier folder.  For each arm: the server's TTFT,
-tokens prefilled into the target, tokens reused and how; with the tier's bytes on disk and the
-server's RSS.  The cold run is the dense recompute the others are compared with, measured in
-the same run.  Not here yet: HAProxy in front of the replicas (neither the tier nor the
-takeover depends on it; tests/integration/test_takeover_kv.py runs it), the Redis backend,
-and llama-server as a peer.
+Then the same cold, sibling and replica arms on the Redis backend (``--kv-tier-dir redis://``,
+for deployments with Redis and no shared disk).
+
+Every server shares one redis-server.  For each arm: the server's TTFT, tokens prefilled into
+the target, tokens reused and where they came from (a resident session, the tier, a
+checkpoint), the time and bytes of reading them back; with the tier's bytes and the server's
+RSS.  Each backend's cold run is the dense recompute the others are compared with, measured
+in the same run.  Not here yet: HAProxy in front of the replicas (neither the tier nor the
+takeover depends on it; tests/integration/test_takeover_kv.py runs it), and llama-server as
+a peer.
 """
 
 from __future__ import annotations
@@ -57,12 +61,6 @@ def body(task: str) -> dict[str, Any]:
     return {**doc, "stream": False, "max_tokens": 8}
 
 
-def turn_done(log: Path, skip: int) -> dict[str, Any]:
-    """The ``turn_done`` events of the server's log, after the first ``skip``: the last one."""
-    events = [orjson.loads(line) for line in log.read_bytes().splitlines() if b'"turn_done"' in line]
-    return events[skip:][-1]
-
-
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -70,52 +68,92 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def row(arm: str, t: dict[str, Any], wall_s: float, pid: int) -> dict[str, Any]:
-    keys = ("context_n", "cache_n", "prompt_n", "prefix_shared_n", "prefix_built_n", "ttft_ms", "specprefill",
-            "speculator_prefill_n", "speculator_deferred_n")
-    return {"arm": arm, "wall_s": round(wall_s, 1), "rss_mb": rss_mb(pid), **{k: t.get(k) for k in keys}}
+def row(arm: str, t: dict[str, Any], wall_s: float, pid: int, backend: str) -> dict[str, Any]:
+    keys = ("context_n", "cache_n", "prompt_n", "prompt_ms", "prefix_shared_n", "prefix_built_n", "prefix_source",
+            "prefix_ms", "prefix_bytes", "ttft_ms", "specprefill", "speculator_prefill_n", "speculator_deferred_n")
+    return {"arm": arm, "backend": backend, "wall_s": round(wall_s, 1), "rss_mb": rss_mb(pid),
+            **{k: t.get(k) for k in keys}}
+
+
+class Arms:
+    """Servers on one KV tier (a folder or a Redis URL) beside one redis-server, and the rows
+    of the requests sent to them."""
+
+    def __init__(self, engine: EngineConfig, tier: str, backend: str, redis_port: int, logs: Path) -> None:
+        self.engine, self.tier, self.backend, self.redis_port, self.logs = engine, tier, backend, redis_port, logs
+        self.rows: list[dict[str, Any]] = []
+
+    def serve(self, name: str) -> tuple[Any, Path, list[int]]:
+        port, pids = free_port(), list[int]()
+        log = self.logs / f"agent_scale_{self.backend}_{name}.log"
+        cmd = specgate_cmd(port, self.engine, kv_tier_dir=self.tier, log_level="info",
+                           redis_url=f"redis://127.0.0.1:{self.redis_port}/0")
+        return server(cmd, port, log, pids), log, pids
+
+    def ask(self, base: str, log: Path, pid: int, arm: str, doc: dict[str, Any], sid: str = "") -> None:
+        progress(f"agent_scale: {self.backend} {arm}")
+        headers = {"X-SpecGate-Session": sid} if sid else {}
+        r = httpx.post(base + "/v1/messages", json=doc, timeout=3600, headers=headers)
+        r.raise_for_status()
+        self.rows.append(row(arm, turn_done(log), r.elapsed.total_seconds(), pid, self.backend))
+
+
+def turn_done(log: Path) -> dict[str, Any]:
+    """The last ``turn_done`` event of the server's log."""
+    return [orjson.loads(line) for line in log.read_bytes().splitlines() if b'"turn_done"' in line][-1]
 
 
 def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
     tier = Path(tempfile.mkdtemp(prefix="specgate-kv-tier-"))
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = []
     with redis_server() as rport:
-        def serve(name: str) -> tuple[Any, Path, list[int]]:
-            port, pids = free_port(), list[int]()
-            log = logs / f"agent_scale_{name}.log"
-            cmd = specgate_cmd(port, engine, kv_tier_dir=str(tier), log_level="info",
-                               redis_url=f"redis://127.0.0.1:{rport}/0")
-            return server(cmd, port, log, pids), log, pids
+        folder = Arms(engine, str(tier), "directory", rport, logs)
+        directory_arms(folder)
+        redis = Arms(engine, f"redis://127.0.0.1:{rport}/1", "redis", rport, logs)
+        redis_arms(redis)
+        redis_bytes = redis_used(rport)
+    return summarize(folder.rows + redis.rows, tier, redis_bytes, out, engine)
 
-        def ask(base: str, log: Path, pid: int, arm: str, doc: dict[str, Any], sid: str = "") -> None:
-            progress(f"agent_scale: {arm}")
-            r = httpx.post(base + "/v1/messages", json=doc, timeout=3600,
-                           headers={"X-SpecGate-Session": sid} if sid else {})
-            r.raise_for_status()
-            rows.append(row(arm, turn_done(log, 0), r.elapsed.total_seconds(), pid))
 
-        first, first_log, first_pids = serve("first")
-        with first as base:
-            ask(base, first_log, first_pids[0], "cold", body(TASKS[0]))
-            ask(base, first_log, first_pids[0], "sibling", body(TASKS[1]))
-            # the tier's writes run off the reply path, and idle work (the scorers caught up, both
-            # sessions checkpointed) would share these 2 cores with the replica: let both finish
-            wait_for(lambda: checkpoints(base) >= 2)
-            second, second_log, second_pids = serve("replica")
-            with second as base2:
-                ask(base2, second_log, second_pids[0], "replica", body(TASKS[2]))
-        again, again_log, again_pids = serve("restarted")
-        with again as base:
-            ask(base, again_log, again_pids[0], "restarted", body(TASKS[3]))
-            ask(base, again_log, again_pids[0], "named", body(TASKS[4]), SESSION)
-            wait_for(lambda: checkpoints(base) >= 2)  # written (not only queued): this arm's and the named one
-            os.kill(again_pids[0], signal.SIGKILL)  # the owner dies; its lease is left in Redis
-        survivor, survivor_log, survivor_pids = serve("survivor")
-        with survivor as base:
-            ask(base, survivor_log, survivor_pids[0], "after_sigkill", next_turn(body(TASKS[4])), SESSION)
-    return summarize(rows, tier, out, engine)
+def directory_arms(a: Arms) -> None:
+    first, first_log, first_pids = a.serve("first")
+    with first as base:
+        a.ask(base, first_log, first_pids[0], "cold", body(TASKS[0]))
+        a.ask(base, first_log, first_pids[0], "sibling", body(TASKS[1]))
+        # the tier's writes run off the reply path, and idle work (the scorers caught up, both
+        # sessions checkpointed) would share these 2 cores with the replica: let both finish
+        wait_for(lambda: checkpoints(base) >= 2)
+        second, second_log, second_pids = a.serve("replica")
+        with second as base2:
+            a.ask(base2, second_log, second_pids[0], "replica", body(TASKS[2]))
+    again, again_log, again_pids = a.serve("restarted")
+    with again as base:
+        a.ask(base, again_log, again_pids[0], "restarted", body(TASKS[3]))
+        a.ask(base, again_log, again_pids[0], "named", body(TASKS[4]), SESSION)
+        wait_for(lambda: checkpoints(base) >= 2)  # written (not only queued): this arm's and the named one
+        os.kill(again_pids[0], signal.SIGKILL)  # the owner dies; its lease is left in Redis
+    survivor, survivor_log, survivor_pids = a.serve("survivor")
+    with survivor as base:
+        a.ask(base, survivor_log, survivor_pids[0], "after_sigkill", next_turn(body(TASKS[4])), SESSION)
+
+
+def redis_arms(a: Arms) -> None:
+    """The Redis backend (no shared disk): a first server fills it, a second one beside it reads."""
+    first, first_log, first_pids = a.serve("first")
+    with first as base:
+        a.ask(base, first_log, first_pids[0], "cold", body(TASKS[0]))
+        a.ask(base, first_log, first_pids[0], "sibling", body(TASKS[1]))
+        wait_for(lambda: checkpoints(base) >= 2)
+        second, second_log, second_pids = a.serve("replica")
+        with second as base2:
+            a.ask(base2, second_log, second_pids[0], "replica", body(TASKS[2]))
+
+
+def redis_used(port: int) -> int:
+    import redis
+
+    return int(redis.Redis(port=port).info("memory")["used_memory"])
 
 
 SESSION = "agent-1"
@@ -142,13 +180,26 @@ def wait_for(check: Callable[[], bool], timeout_s: float = 600) -> None:
         time.sleep(0.5)
 
 
-def summarize(rows: list[dict[str, Any]], tier: Path, out: Path, engine: EngineConfig) -> dict[str, Any]:
-    tier_bytes = sum(p.stat().st_size for p in tier.rglob("*.kv"))
-    cold = rows[0]["ttft_ms"]
-    summary: dict[str, Any] = {
-        r["arm"]: {"ttft_s": round(r["ttft_ms"] / 1e3, 2), "vs_cold": round(r["ttft_ms"] / cold, 3),
-                   "prefilled": r["prompt_n"], "reused": r["cache_n"]} for r in rows}
-    summary["kv_tier_bytes"] = tier_bytes
+def summarize(rows: list[dict[str, Any]], tier: Path, redis_bytes: int, out: Path,
+              engine: EngineConfig) -> dict[str, Any]:
+    """Per arm, against the cold run of its backend (the dense recompute, same run): TTFT,
+    tokens prefilled and reused; for a prefix read back, its load time and rate, and its share
+    of what prefilling those tokens densely cost in the cold run."""
+    summary: dict[str, Any] = {}
+    for r in rows:
+        cold = next(c for c in rows if c["backend"] == r["backend"] and c["arm"] == "cold")
+        dense_per_token_ms = cold["prompt_ms"] / cold["prompt_n"]
+        one = {"ttft_s": round(r["ttft_ms"] / 1e3, 2), "vs_cold": round(r["ttft_ms"] / cold["ttft_ms"], 3),
+               "prefilled": r["prompt_n"], "reused": r["cache_n"],
+               "cached_share": round(r["cache_n"] / r["context_n"], 3)}
+        if r.get("prefix_bytes"):
+            one.update({"loaded_from": r["prefix_source"], "load_s": round(r["prefix_ms"] / 1e3, 2),
+                        "load_gb_per_s": round(r["prefix_bytes"] / 1e9 / (r["prefix_ms"] / 1e3), 2),
+                        "load_vs_dense_prefill": round(r["prefix_ms"] / (r["prefix_shared_n"] * dense_per_token_ms),
+                                                       3)})
+        summary[f"{r['backend']}/{r['arm']}"] = one
+    summary["kv_tier_bytes"] = {"directory": sum(p.stat().st_size for p in tier.rglob("*.kv")),
+                                "redis_used_memory": redis_bytes}
     write_result(out, "agent_scale", {"summary": summary, "rows": rows},
                  {"target": engine.target, "speculator": engine.speculator})
     return summary

@@ -19,7 +19,8 @@ from core.loader import build
 from core.policies import PrefillPolicy
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
-             "long_prefill", "scorers", "constrained", "stateless", "clients", "agent_scale", "depth")
+             "long_prefill", "scorers", "constrained", "stateless", "clients", "agent_scale", "depth",
+             "coding_agents")
 EXTRA_HINT = "the benchmarks need the bench extra: .venv/bin/pip install -e '.[bench]'"
 
 
@@ -219,6 +220,12 @@ def agent_scale(r: Run) -> Any:
     return agent_scale.run(r.engine, r.path("agent_scale"))
 
 
+def coding_agents(r: Run) -> Any:
+    from bench import coding_agents
+
+    return coding_agents.run(r.engine, r.path("coding_agents"))
+
+
 def depth(r: Run) -> Any:
     from bench import depth
 
@@ -229,7 +236,7 @@ REGISTRY: dict[str, Callable[[Run], Any]] = {
     "first_turn": first_turn, "multi_turn": multi_turn, "overhead": overhead, "topp": topp, "planner": planner,
     "soak": soak, "fuzz": fuzz, "failover": failover, "concurrency": concurrency, "long_prefill": long_prefill,
     "scorers": scorers, "constrained": constrained, "stateless": stateless, "clients": clients,
-    "agent_scale": agent_scale, "depth": depth,
+    "agent_scale": agent_scale, "depth": depth, "coding_agents": coding_agents,
 }
 
 

@@ -72,7 +72,7 @@ def run(engine: EngineConfig, out: Path, idle_timeout_s: float = 900) -> dict[st
             r = http.post("/v1/messages", json=body)
             r.raise_for_status()
             replies[arm] = r.json()["content"] or [{"type": "text", "text": "Looking."}]
-            rows.append(row(f"{arm}: first turn", turn_done(log, 0), pids[0]))
+            rows.append(row(f"{arm}: first turn", turn_done(log), pids[0]))
         goal = sum(t["context_n"] for t in rows)
         progress(f"depth: idle, catching the scorers up ({goal} tokens)")
         t0 = time.perf_counter()
@@ -83,7 +83,7 @@ def run(engine: EngineConfig, out: Path, idle_timeout_s: float = 900) -> dict[st
             progress(f"depth: tool turn ({arm})")
             r = http.post("/v1/messages", json=tool_turn(firsts[arm], replies[arm], arm == "dense"))
             r.raise_for_status()
-            rows.append(row(f"{arm}: tool turn", turn_done(log, 0), pids[0]))
+            rows.append(row(f"{arm}: tool turn", turn_done(log), pids[0]))
     sparse, dense = rows[-2], rows[-1]
     summary = {"idle_catch_up": idle, "tool_turn_ttft_s": {"specprefill": round(sparse["ttft_ms"] / 1e3, 2),
                                                            "dense": round(dense["ttft_ms"] / 1e3, 2)},

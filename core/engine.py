@@ -23,6 +23,7 @@ from core.chat import ChatTemplate
 from core.config import EngineConfig, check_kv_type
 from core.decoding import layer_map
 from core.decoding.decode import Generation, OnText, generate
+from core.decoding.guided import Guide
 from core.decoding.specattn import SparseVerify, layer_weights
 from core.decoding.speculative import SpeculativeDecoder
 from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong
@@ -279,15 +280,12 @@ class Engine:
         positions = np.full(len(delta), -1)
         positions[kept] = np.arange(kept.size) + base if mode == "compact" else kept + base
         kv.extend(delta, positions.tolist())
-        if params.decoding.mode is DecodeMode.PLAIN or params.sampling.constraint is not None:
-            # a constrained reply decodes plainly: drafts are not checked against the grammar
+        if params.decoding.mode is DecodeMode.PLAIN:
             gen = yield from generate(seq, n_past, params.sampling, on_text, idx)
-            if constraint := params.sampling.constraint:
-                t.constraint, t.grammar_ms, t.mask_ms = constraint.kind, gen.grammar_ms, gen.mask_ms
-                if params.decoding.mode is not DecodeMode.PLAIN:  # asked for, not run: say so
-                    t.constraint_fallback = params.decoding.mode.value
-        else:
+        else:  # a constrained reply too: its drafts are sampled and verified under the grammar's mask
             gen = yield from self.speculate(kv_all, prompt, params.decoding, params.sampling, on_text, t, slot, idx)
+        if constraint := params.sampling.constraint:
+            t.constraint, t.grammar_ms, t.mask_ms = constraint.kind, gen.grammar_ms, gen.mask_ms
         kv.extend(gen.tokens[: gen.n_decoded], range(n_past, n_past + gen.n_decoded))
         t.predicted_ms = gen.decode_s * 1e3
         t.predicted_n = len(gen.tokens)
@@ -303,7 +301,8 @@ class Engine:
             weights = layer_weights(np.asarray(self.layer_map.mapping), self.speculator.n_layer)
             sparse = SparseVerify(weights, policy.specattn_p)
         draft = self.speculator_ctx.seq(slot)
-        decoder = SpeculativeDecoder(self.target_ctx.seq(slot), draft, self.capture, policy.gamma, sparse)
+        guide = Guide(self.target, sampling.constraint) if sampling.constraint is not None else None
+        decoder = SpeculativeDecoder(self.target_ctx.seq(slot), draft, self.capture, policy.gamma, sparse, guide)
 
         def draft_ready() -> tuple[list[int], int, list[int]]:
             t0 = time.perf_counter()
@@ -318,4 +317,6 @@ class Engine:
         out = yield from decoder.generate(kv.target.kv_pos, draft_ready, sampling, on_text, idx)
         kv.speculator.extend(out.draft_committed, range(out.draft_pos, out.draft_pos + len(out.draft_committed)))
         t.decode_mode, t.speculative = policy.mode.value, out.stats
+        if guide is not None:
+            out.gen.grammar_ms, out.gen.mask_ms = guide.compile_s * 1e3, guide.mask_s * 1e3
         return out.gen

@@ -80,11 +80,13 @@ class Timings:
     kv_rebuilt: bool = False  # the session's KV was dropped and rebuilt from its tokens
     prefix_shared_n: int = 0  # target tokens this session started from a shared prefix (cache or resident session)
     prefix_built_n: int = 0  # system-prompt tokens this turn prefilled into the prefix cache
+    prefix_source: str = ""  # where a shared prefix came from: resident, ram, tier, checkpoint, built ("": none)
+    prefix_ms: float = 0.0  # copying, restoring or building it (part of the TTFT)
+    prefix_bytes: int = 0  # KV bytes read back to restore it (ram, tier, checkpoint)
     decode_mode: str = DecodeMode.PLAIN.value
     constraint: str = ""  # what the reply was held to (core.constraints kinds); "" when free
     grammar_ms: float = 0.0
     mask_ms: float = 0.0
-    constraint_fallback: str = ""  # the decode mode asked for, when a constraint made it decode plainly
     draft_sync_ms: float = 0.0  # bringing the draft up to the prompt before speculating
     speculative: SpeculativeStats = field(default_factory=SpeculativeStats)
     max_tokens: int = 0  # the reply's ceiling: the request's max_tokens, clamped to the cap and the context left
@@ -118,13 +120,14 @@ class Timings:
             "kv_rebuilt": self.kv_rebuilt, "prefix_shared_n": self.prefix_shared_n,
             "prefix_built_n": self.prefix_built_n, "decode_mode": self.decode_mode, "max_tokens": self.max_tokens,
         }
+        if self.prefix_source:
+            out.update({"prefix_source": self.prefix_source, "prefix_ms": round(self.prefix_ms, 2),
+                        "prefix_bytes": self.prefix_bytes})
         if self.max_tokens_asked:
             out["max_tokens_asked"] = self.max_tokens_asked
         if self.constraint:
             out.update({"constraint": self.constraint, "grammar_ms": round(self.grammar_ms, 2),
                         "mask_ms": round(self.mask_ms, 2)})
-            if self.constraint_fallback:
-                out["constraint_fallback"] = self.constraint_fallback
         if self.decode_mode != DecodeMode.PLAIN:
             s = self.speculative
             out.update({

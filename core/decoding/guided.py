@@ -5,7 +5,8 @@ kept; each reply compiles its :class:`~core.constraints.Constraint` into a
 matcher (milliseconds), and every constrained token costs one mask (tens of
 microseconds) plus writing ``-inf`` over the banned logits in place, before
 llama.cpp's sampler chain reads them.  A lazy constraint stays off until the
-model samples its trigger token.
+model samples its trigger token.  Speculative decoding masks the draft's logits and each
+verified row the same way, and rolls the matcher back over the drafts the target rejects.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Guide:
         self.trigger = opening[0] if constraint.lazy and special else -1
         self.mask_s = 0.0
         self.kind = constraint.kind
+        self._trail: list[str] = []  # per accepted token: "c" consumed by the matcher, "a" armed it, "" neither
 
     def mask(self, logits: np.ndarray) -> None:
         """Ban, in ``logits`` (a context's, in place), every token the grammar forbids."""
@@ -72,5 +74,20 @@ class Guide:
     def accept(self, token: int) -> None:
         if self.armed:
             self.matcher.consume_token(token)
+            self._trail.append("c")
         elif token == self.trigger:
             self.armed = True
+            self._trail.append("a")
+        else:
+            self._trail.append("")
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` accepts: a speculative round's drafts the target rejected."""
+        if n <= 0:
+            return
+        undone = self._trail[-n:]
+        del self._trail[-n:]
+        if consumed := undone.count("c"):
+            self.matcher.rollback(consumed)
+        if "a" in undone:
+            self.armed = False

@@ -25,6 +25,7 @@ import numpy as np
 
 from core.decoding.acceptance import accept_greedy, accept_stochastic, distribution, sample
 from core.decoding.decode import Generation, OnText, TextStream
+from core.decoding.guided import Guide
 from core.decoding.specattn import SparseVerify, view_spans
 from core.llama.capture import AttentionCapture
 from core.llama.context import Seq
@@ -54,9 +55,12 @@ class SpeculativeDecoder:
     """Draft with ``draft``, verify with ``target``; one reply at a time."""
 
     def __init__(self, target: Seq, draft: Seq, capture: AttentionCapture | None,
-                 gamma: int, sparse: SparseVerify | None = None) -> None:
+                 gamma: int, sparse: SparseVerify | None = None, guide: Guide | None = None) -> None:
+        """``guide``: the reply's constraint.  The draft samples under its mask, each verified
+        row is masked in the state its drafts lead to, and the matcher is rolled back over
+        the rejected ones, so the reply is what plain constrained decoding gives."""
         self.target, self.draft, self.capture = target, draft, capture
-        self.gamma, self.sparse = gamma, sparse
+        self.gamma, self.sparse, self.guide = gamma, sparse, guide
 
     def generate(self, positions: list[int], draft_ready: DraftReady, params: SamplingParams,
                  on_text: OnText | None = None, idx: int = -1) -> TurnSteps[SpeculativeGeneration]:
@@ -70,7 +74,8 @@ class SpeculativeDecoder:
         positions = list(positions)
         start_pos = tpos = max(positions) + 1
         t0 = time.perf_counter()
-        tok = self._pick(self.target.logits_at(idx), params, rng)
+        tok = self._pick(self._masked(self.target.logits_at(idx)), params, rng)
+        self._accepted(tok)
         first_s = time.perf_counter() - t0
         n_in_target = 0
         go = stream.push(tok)
@@ -85,9 +90,9 @@ class SpeculativeDecoder:
             room = min(self.target.n_ctx - tpos, self.draft.n_ctx - dpos - len(pending)) - 1
             if room < 0:
                 break
-            gamma = min(self.gamma, room)
             pending.append(tok)
-            rnd = self._draft(pending, dpos, gap, gamma, params, rng, stats)
+            rnd = self._draft(pending, dpos, gap, min(self.gamma, room), params, rng, stats)
+            gamma = len(rnd.drafts)  # fewer when a draft ended the reply
             columns = held_pos + positions[draft_pos:] if gap else positions
             k, nxt = self._verify(tok, rnd, positions, columns, tpos, params, rng, stats)
             self.target.remove_from(tpos + 1 + k)  # keep tok and the accepted drafts
@@ -111,6 +116,21 @@ class SpeculativeDecoder:
                          stream.stop_sequence)
         return SpeculativeGeneration(gen, stats, draft_pos, committed)
 
+    def _masked(self, logits: np.ndarray) -> np.ndarray:
+        if self.guide is not None:
+            self.guide.mask(logits)
+        return logits
+
+    def _accepted(self, tok: int) -> None:
+        """Walk the matcher over ``tok``; an end-of-generation token ends the reply instead (and
+        llguidance does not count one it consumed when rolling back)."""
+        if self.guide is not None and not self.target.model.is_eog(tok):
+            self.guide.accept(tok)
+
+    def _rollback(self, drafts: list[int]) -> None:
+        if self.guide is not None:
+            self.guide.rollback(sum(not self.target.model.is_eog(d) for d in drafts))
+
     @staticmethod
     def _pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
         if params.temperature <= 0.0:
@@ -132,14 +152,18 @@ class SpeculativeDecoder:
             if capture is not None:
                 rnd.steps.append(capture.stop())
             pos += len(toks)
-            logits = self.draft.logits()
+            logits = self._masked(self.draft.logits())
             if params.temperature <= 0.0:
                 rnd.drafts.append(int(np.argmax(logits)))
             else:
                 q = distribution(logits, params)
                 rnd.q_rows.append(q)
                 rnd.drafts.append(sample(q, rng))
+            self._accepted(rnd.drafts[-1])
+            if self.draft.model.is_eog(rnd.drafts[-1]):
+                break  # the reply ends there: nothing after it is worth drafting
             toks = [rnd.drafts[-1]]
+        self._rollback(rnd.drafts)  # verify walks the matcher through them again
         stats.draft_s += time.perf_counter() - t0
         return rnd
 
@@ -175,7 +199,15 @@ class SpeculativeDecoder:
     def _accept(self, n_rows: int, rnd: _Round, params: SamplingParams,
                 rng: np.random.Generator) -> tuple[int, int]:
         rows = [self.target.logits_at(i) for i in range(n_rows)]
+        for i, row in enumerate(rows):  # row i in the grammar's state after drafts[:i]
+            self._masked(row)
+            if i < len(rnd.drafts):
+                self._accepted(rnd.drafts[i])
         if params.temperature <= 0.0:
-            return accept_greedy(rows, rnd.drafts)
-        return accept_stochastic([distribution(r, params) for r in rows], rnd.q_rows, rnd.drafts, rng)
+            k, nxt = accept_greedy(rows, rnd.drafts)
+        else:
+            k, nxt = accept_stochastic([distribution(r, params) for r in rows], rnd.q_rows, rnd.drafts, rng)
+        self._rollback(rnd.drafts[k:])
+        self._accepted(nxt)
+        return k, nxt
 

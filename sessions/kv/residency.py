@@ -53,10 +53,14 @@ class PrefixStart:
     built: int = 0
     seconds: float = 0.0  # restoring, waiting for or building the prefix (part of the TTFT)
     evicted: list[str] = field(default_factory=list)
+    source: str = ""  # resident, ram, tier, checkpoint or built (Timings.prefix_source)
+    loaded_bytes: int = 0  # KV bytes read back (RAM or the tier)
 
     def account(self, t: Timings) -> None:
         """The engine counts a built prefix as cached (it found it in the slot): it was prefilled."""
         t.prefix_shared_n, t.prefix_built_n = self.shared, self.built
+        if self.shared or self.built:
+            t.prefix_source, t.prefix_ms, t.prefix_bytes = self.source, self.seconds * 1e3, self.loaded_bytes
         t.cache_n -= self.built
         t.speculator_cache_n -= self.built
         t.prompt_n += self.built
@@ -215,7 +219,8 @@ class Residency:
             return PrefixStart()
         checkpoints.restored += 1
         log.info("session_restored_from_checkpoint", session_id=session.id, tokens=n, held=held)
-        return PrefixStart(shared=n, seconds=time.perf_counter() - t0)
+        return PrefixStart(shared=n, seconds=time.perf_counter() - t0, source="checkpoint",
+                           loaded_bytes=sum(map(len, blobs)))
 
     def _start_from_prefix(self, engine: Engine, owner: str, kv: SessionKV, prompt: Prompt,
                            slot: int) -> TurnSteps[PrefixStart]:
@@ -233,15 +238,18 @@ class Residency:
         if covered or not n or not self.prefixes.wanted(key):
             evicted = self._fill_from(engine, key, prompt.tokens[:n], slot, donor) if covered else []
             return PrefixStart(shared=self._adopt(engine, kv, prompt.tokens, slot, donor),
-                               seconds=time.perf_counter() - t0, evicted=evicted)
+                               seconds=time.perf_counter() - t0, evicted=evicted, source="resident")
         if self.prefixes.building(key):
             self.prefixes.waits += 1
             yield Wait(lambda: not self.prefixes.building(key))
+        from_tier = self.prefixes.tier_hits
         blobs, evicted = self.prefixes.load(key)
         if blobs is not None:
             if engine.slot_kv.restore_prefix(blobs, prompt.tokens[:n], kv, slot):
                 self.prefixes.hits += 1
-                return PrefixStart(shared=n, seconds=time.perf_counter() - t0, evicted=evicted)
+                return PrefixStart(shared=n, seconds=time.perf_counter() - t0, evicted=evicted,
+                                   source="tier" if self.prefixes.tier_hits > from_tier else "ram",
+                                   loaded_bytes=sum(map(len, blobs)))
             self.prefixes.forget(key)
             log.warning("prefix_unloadable", tokens=n)
         self.prefixes.misses += 1
@@ -252,7 +260,7 @@ class Residency:
         finally:
             evicted += self.prefixes.finish(key, blobs)
         log.info("prefix_cached", tokens=n)
-        return PrefixStart(built=n, seconds=time.perf_counter() - t0, evicted=evicted)
+        return PrefixStart(built=n, seconds=time.perf_counter() - t0, evicted=evicted, source="built")
 
     def _fill_from(self, engine: Engine, key: str, prefix: tuple[int, ...], slot: int,
                    donor: tuple[int, Session, int] | None) -> list[str]:

@@ -13,27 +13,24 @@ Each agent's prompt is 6-12K tokens, so the server runs with a 16K context.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench import agent_clis
 from core.models import model_files
 from tests.support import ServerProcess, real_model
 
-ROOT = Path(__file__).resolve().parents[2]
-CLIS = ROOT / ".clis" / "node_modules" / ".bin"
 pytestmark = pytest.mark.agents
+N_CTX = 16384
 
 
 @pytest.fixture(scope="module")
 def server(tiny_speculator: Path):
-    for name in ("claude", "codex", "opencode"):
-        if not (CLIS / name).exists():
-            pytest.fail(f"{CLIS / name} is missing: `bash ops/setup.sh --test` installs the agent CLIs")
-    srv = ServerProcess(real_model(model_files.SPECULATOR), tiny_speculator, "--n-ctx", "16384",
+    if gone := agent_clis.missing():
+        pytest.fail(f"{gone} missing: `bash ops/setup.sh --test` installs the agent CLIs")
+    srv = ServerProcess(real_model(model_files.SPECULATOR), tiny_speculator, "--n-ctx", str(N_CTX),
                         "--scorer", "speculator-full", "--keepalive-s", "5")
     yield srv
     srv.stop()
@@ -41,34 +38,11 @@ def server(tiny_speculator: Path):
 
 @pytest.fixture()
 def repo(tmp_path: Path) -> Path:
-    """A scratch git repository with one commit, and a home of its own beside it."""
-    work = tmp_path / "repo"
-    work.mkdir()
-    (work / "hello.py").write_text("print('hello')\n")
-    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
-    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "init"]):
-        subprocess.run([*git, *args], cwd=work, check=True)
-    (tmp_path / "home").mkdir()
-    return work
-
-
-def run(cli: str, *args: str, cwd: Path, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
-    home = str(cwd.parent / "home")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE_"))}
-    env = {**base, "HOME": home, "PWD": str(cwd), **env}  # opencode takes its directory from PWD, not the cwd
-    return subprocess.run([str(CLIS / cli), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return agent_clis.scratch_repo(tmp_path)
 
 
 def events(server: ServerProcess) -> list[dict[str, Any]]:
-    out = []
-    for line in server.output().splitlines():
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return out
+    return agent_clis.json_lines(server.output())
 
 
 def since(server: ServerProcess, mark: int) -> list[dict[str, Any]]:
@@ -84,9 +58,7 @@ def assert_all_accepted(evs: list[dict[str, Any]], n_requests: int) -> None:
 
 
 def claude(server: ServerProcess, repo: Path, *args: str) -> dict[str, Any]:
-    env = {"ANTHROPIC_BASE_URL": server.base, "ANTHROPIC_API_KEY": "sk-test",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "IS_SANDBOX": "1"}
-    done = run("claude", "-p", *args, "--output-format", "json", cwd=repo, env=env)
+    done = agent_clis.claude(server.base, repo, *args)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return json.loads(done.stdout)
 
@@ -109,22 +81,14 @@ def test_claude_code_runs_and_a_resumed_conversation_reads_its_prompt_from_cache
     assert any(e.get("event") == "max_tokens_clamped" and e["asked"] == 128000 for e in evs)
 
 
-def test_codex_exec_completes_a_turn(server, repo, tmp_path):
-    codex_home = tmp_path / "codex"
-    codex_home.mkdir()
-    (codex_home / "config.toml").write_text(
-        'model = "specgate"\nmodel_provider = "specgate"\nmodel_context_window = 16384\n'
-        "[model_providers.specgate]\n"
-        f'name = "SpecGate"\nbase_url = "{server.base}/v1"\nenv_key = "SPECGATE_API_KEY"\nwire_api = "responses"\n')
+def test_codex_exec_completes_a_turn(server, repo):
     mark = len(events(server))
-    done = run("codex", "exec", "--json", "--skip-git-repo-check", "Reply with one word: hello", cwd=repo,
-               env={"CODEX_HOME": str(codex_home), "SPECGATE_API_KEY": "sk-test"})
+    done = agent_clis.codex(server.base, repo, "Reply with one word: hello", N_CTX)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    lines = agent_clis.json_lines(done.stdout)
     kinds = [x["type"] for x in lines]
     assert "turn.completed" in kinds and "turn.failed" not in kinds, lines
-    assert any(x["type"] == "item.completed" and x["item"]["type"] == "agent_message" and x["item"]["text"]
-               for x in lines)
+    assert agent_clis.codex_reply(lines)
     evs = since(server, mark)
     assert_all_accepted(evs, 1)
     start = next(e for e in evs if e.get("event") == "request_start")
@@ -132,14 +96,8 @@ def test_codex_exec_completes_a_turn(server, repo, tmp_path):
 
 
 def test_opencode_runs_its_title_request_beside_the_turn(server, repo):
-    (repo / "opencode.json").write_text(json.dumps({
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {"specgate": {"npm": "@ai-sdk/openai-compatible", "name": "SpecGate",
-                                  "options": {"baseURL": f"{server.base}/v1", "apiKey": "sk-test"},
-                                  "models": {"specgate": {"name": "SpecGate",
-                                                          "limit": {"context": 16384, "output": 4096}}}}}}))
     mark = len(events(server))
-    done = run("opencode", "run", "-m", "specgate/specgate", "Reply with one word: hello", cwd=repo, env={})
+    done = agent_clis.opencode(server.base, repo, "Reply with one word: hello", N_CTX)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "error" not in done.stdout.lower(), done.stdout[-2000:]
     evs = since(server, mark)

@@ -44,6 +44,7 @@ def test_a_restarted_server_restores_the_prefix_from_the_tier(tiny_target, tiny_
     try:
         t = converse(again.base, "t-3", "Report unit 9.")  # the first time this process sees it
         assert t["prefix_shared_n"] == n and t["prefix_built_n"] == 0 and t["cache_n"] == n
+        assert t["prefix_source"] == "tier" and t["prefix_bytes"] > 0 and 0 < t["prefix_ms"] <= t["ttft_ms"]
         assert t["prompt_n"] == t["context_n"] - n  # only its own tokens were prefilled
         assert metric(again.base, "specgate_kv_tier_hits_total") == 1
     finally:
@@ -80,6 +81,7 @@ def test_a_damaged_tier_file_is_recomputed_not_loaded(tiny_target, tiny_speculat
     try:
         t = converse(again.base, "d-3", "Report unit 9.")
         assert t["prefix_shared_n"] == 0 and t["prefix_built_n"] == n  # recomputed, then written again
+        assert t["prefix_source"] == "built" and t["prefix_bytes"] == 0
         assert metric(again.base, "specgate_kv_tier_rejected_total") == 1
     finally:
         again.stop()
@@ -109,7 +111,7 @@ def test_a_sibling_conversation_fills_the_tier_by_copying_and_a_restart_restores
         agent_turn(first.base, "s-1", "Which unit alarmed?")
         sibling = agent_turn(first.base, "s-2", "Report unit 7.")
         n = sibling["prefix_shared_n"]
-        assert n > 1000 and sibling["prefix_built_n"] == 0
+        assert n > 1000 and sibling["prefix_built_n"] == 0 and sibling["prefix_source"] == "resident"
         assert metric(first.base, "specgate_prefix_copied_total") == 1
     finally:
         first.stop()

@@ -104,5 +104,6 @@ def test_a_restarted_gateway_restores_a_prefix_from_redis(tiny_target, tiny_spec
     try:
         t = converse(again.base, "t-3", "Report unit 9.")
         assert t["prefix_shared_n"] == n and t["prefix_built_n"] == 0 and t["prompt_n"] == t["context_n"] - n
+        assert t["prefix_source"] == "tier" and t["prefix_bytes"] > 0
     finally:
         again.stop()

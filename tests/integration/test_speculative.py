@@ -6,10 +6,12 @@ never corrupt a session's caches."""
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
 
+from core import constraints
 from core.kv.positions import SessionKV
 from core.policies import SamplingParams
 from tests.support import forced, policy, with_sampling
@@ -35,6 +37,39 @@ def test_greedy_speculative_equals_plain_decoding(smol_pair_engine, policy):
     assert speculative.timings.decode_mode == policy.decoding.mode
     assert 0 < t.n_accepted < t.n_drafted  # the truncated draft is right sometimes, not always
     assert t.cells_attended == t.cells_total  # p=1 (or dense) attends every cell
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "level": {"type": "integer"},
+                                         "note": {"type": "string"}}, "required": ["city", "level", "note"]}
+ALARM = {"type": "function", "function": {"name": "set_alarm", "description": "Set an alarm.", "parameters": {
+    "type": "object", "properties": {"unit": {"type": "integer"}, "reason": {"type": "string"}},
+    "required": ["unit", "reason"]}}}
+ASK = [{"role": "user", "content": "Unit 7 overheated in Oslo at level 4. Report it as JSON, with a note."}]
+
+
+@pytest.mark.parametrize("policy", [SPECULATIVE, policy(enabled=False, specattn=True, specattn_p=1.0)],
+                         ids=["speculative", "specattn-p1"])
+@pytest.mark.parametrize("kind", ["json_schema", "tool_call"])
+def test_constrained_speculative_decoding_equals_plain_constrained_decoding(smol_pair_engine, policy, kind):
+    """Drafts sampled under the grammar's mask, rows verified in the state their drafts lead
+    to, the matcher rolled back over rejected drafts: the same tokens as plain decoding under
+    the same constraint, and a reply the grammar accepts."""
+    constraint = constraints.json_reply(WEATHER) if kind == "json_schema" else \
+        constraints.tool_call([ALARM], "required", False, constraints.SYNTAXES["qwen"])
+    held = SamplingParams(max_tokens=64, constraint=constraint)
+    plain = run(smol_pair_engine, ASK, PLAIN, held)
+    speculative = run(smol_pair_engine, ASK, policy, held)
+    assert speculative.tokens == plain.tokens and speculative.text == plain.text
+    t = speculative.timings
+    assert t.decode_mode == policy.decoding.mode and t.constraint == kind and t.mask_ms > 0
+    assert 0 < t.speculative.n_accepted < t.speculative.n_drafted  # rounds both accepted and rejected drafts
+    free = run(smol_pair_engine, ASK, PLAIN, SamplingParams(max_tokens=64))
+    assert free.tokens != plain.tokens  # the grammar shaped the reply
+    if kind == "json_schema":
+        assert speculative.finish_reason == "stop"  # the grammar ended it (EOS drafted or forced)
+        assert set(json.loads(speculative.text)) == {"city", "level", "note"}
+    else:
+        assert "set_alarm" in speculative.text
 
 
 def test_identical_draft_is_almost_always_accepted(smol_engine):

@@ -163,12 +163,13 @@ def test_pydantic_ai_prompted_output_on_the_real_pair():
         server.stop()
 
 
-def test_a_constrained_turn_decodes_plainly_and_says_so(gw):
-    """Drafts are not checked against the grammar, so speculative decoding asked for beside a
-    constraint falls back to plain decoding for that turn, and ``timings`` report it."""
+def test_a_constrained_turn_speculates_under_its_grammar(gw):
+    """Speculative decoding asked for beside a constraint runs, drafts held to the grammar
+    (core.decoding.speculative), and the reply still validates."""
     r = client(gw).chat.completions.create(model="m", messages=ASK, max_tokens=40, extra_body={"speculative": True},
                                            response_format={"type": "json_schema", "json_schema": {
                                                "name": "weather", "schema": SCHEMA}})
     t = r.model_extra["timings"]
-    assert t["decode_mode"] == "plain" and t["constraint_fallback"] == "speculative"
+    assert t["decode_mode"] == "speculative" and t["constraint"] == "json_schema" and "constraint_fallback" not in t
+    assert t["draft_n"] > 0
     jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)

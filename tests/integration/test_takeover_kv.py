@@ -61,6 +61,7 @@ def test_a_session_continues_from_its_checkpoint_after_its_replica_is_sigkilled(
     t = turn(cluster.base, history, "Which unit ran hotter?")  # HAProxy sends it on; r1 takes it over
     assert t["replica"] == "r1" and t["kv_rebuilt"], t
     assert t["prefix_shared_n"] >= last["context_n"] - 8, t  # all but the reply's re-rendered end
+    assert t["prefix_source"] == "checkpoint" and t["prefix_bytes"] > 0
     assert t["prompt_n"] == t["context_n"] - t["prefix_shared_n"]
     assert t["prompt_n"] <= 0.2 * t["context_n"]  # the bound: at most 20% of a full rebuild
     cluster.wait_exit(2)
