@@ -45,6 +45,8 @@ COUNTERS = {
     "specgate_prefix_adopted": ("prefix_adopted", "Sessions that started from an idle resident session's prefix KV."),
     "specgate_prefix_copied": ("prefix_copied", "System prompts cached by copying a resident session's KV, "
                                "not by prefilling them."),
+    "specgate_prefix_completed": ("prefix_completed", "Cached system prompts given the scorer's part in idle "
+                                  "time (copied while the scorer was deferred)."),
     "specgate_speculator_caught_up_tokens": ("caught_up", "Scorer tokens prefilled in idle time, so that a "
                                              "session's next turn scores only its new tokens."),
     "specgate_idle_chunks": ("idle_chunks", "Chunks of idle work the model thread ran between turns."),

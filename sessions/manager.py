@@ -395,6 +395,7 @@ class SessionManager:
             "spill_rejected": parked.spill_rejected,
             "prefix_hits": prefixes.hits, "prefix_misses": prefixes.misses, "prefix_waits": prefixes.waits,
             "prefix_adopted": prefixes.adopted, "prefix_copied": prefixes.copied,
+            "prefix_completed": prefixes.completed,
             "caught_up": self.residency.caught_up, "idle_chunks": steps.idle_chunks,
             "tier_hits": prefixes.tier_hits, "tier_writes": prefixes.tier.writes if prefixes.tier else 0,
             "tier_rejected": prefixes.tier.rejected if prefixes.tier else 0,

@@ -68,6 +68,22 @@ class SlotKV:
         self.load(None, slot)
         return blobs
 
+    def cut_prefix(self, tokens: tuple[int, ...], slot: int, holder: SessionKV) -> tuple[bytes, bytes] | None:
+        """The state for exactly ``tokens`` in both models, cut from the idle session resident
+        in ``slot`` (its own KV is saved first and put back after): a shared prefix's entry
+        gains the speculator's part once idle catch-up has brought a session's scorer past it.
+        None when the session does not hold all of ``tokens`` densely in both models."""
+        n = len(tokens)
+        if min(dense_prefix(holder.target, tokens), dense_prefix(holder.speculator, tokens)) < n:
+            return None
+        whole = self.save(slot)
+        try:
+            for ctx in (self.target_ctx, self.speculator_ctx):
+                ctx.seq(slot).remove_from(n)
+            return self.save(slot)
+        finally:
+            self.load(whole, slot)
+
     def catch_up_speculator(self, kv: SessionKV, slot: int, max_tokens: int) -> int:
         """Prefill up to ``max_tokens`` of what the scorer's sequence in ``slot`` lacks of the
         target's tokens (idle time: one decode, so a turn that arrives waits for this at

@@ -56,6 +56,10 @@ class PrefixCache:
         # filled by copying a resident session's KV (no prefill)
         self.hits = self.misses = self.waits = self.adopted = self.copied = 0
         self.tier_hits = 0  # restored from the KV tier (counted in hits too)
+        # entries kept without the speculator's part (copied from a session whose scorer was
+        # deferred): key -> (owner, tokens), completed in idle time (Residency.complete_prefix)
+        self.lacking: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.completed = 0
 
     @staticmethod
     def key(owner: str, tokens: Sequence[int]) -> str:
@@ -110,6 +114,19 @@ class PrefixCache:
         self.parked.discard(key)
         if self.tier is not None:
             self.tier.drop(key)
+
+    def note(self, key: str, owner: str, tokens: tuple[int, ...], blobs: Blobs) -> None:
+        """Remember an entry whose speculator part is missing, to complete it in idle time."""
+        if not blobs[1] and len(self.lacking) < SEEN_KEYS:
+            self.lacking[key] = (owner, tokens)
+
+    def complete(self, key: str, blobs: Blobs) -> list[str]:
+        """``blobs`` now hold both models' part: they replace the entry here and in the tier."""
+        self.lacking.pop(key, None)
+        self.completed += 1
+        if self.tier is not None:
+            self.tier.put(key, blobs, replace=True)
+        return self.parked.put(key, blobs, spill=False)
 
     def finish(self, key: str, blobs: Blobs | None) -> list[str]:
         """The build ended: keep its state (None: it failed, the next turn builds it).

@@ -109,8 +109,27 @@ class Residency:
         return done
 
     def idle(self, engine: Engine, catch_up_tokens: int) -> bool:
-        """One piece of idle work: catch a scorer up, else checkpoint a session; False: none."""
-        return (catch_up_tokens > 0 and self.catch_up(engine, catch_up_tokens) > 0) or self.checkpoint(engine)
+        """One piece of idle work: catch a scorer up, else complete a shared prefix's entry,
+        else checkpoint a session; False: none."""
+        return (catch_up_tokens > 0 and self.catch_up(engine, catch_up_tokens) > 0) or \
+            self.complete_prefix(engine) or self.checkpoint(engine)
+
+    def complete_prefix(self, engine: Engine) -> bool:
+        """Idle time: give a shared prefix's entry kept without the speculator's part (copied
+        from a session whose scorer the tool guard deferred) that part, cut from an idle
+        resident session of its owner whose scorer has caught up past it.  Sessions started
+        from the entry then hold the prefix in both models, so their scorer lags by their own
+        tokens only, and a later turn can score just its new ones (issue 41)."""
+        for key, (owner, tokens) in list(self.prefixes.lacking.items()):
+            for slot, holder in self.slots.idle():
+                if not isinstance(holder, Session) or holder.owner != owner or holder.state is not SessionState.IDLE:
+                    continue
+                blobs = engine.slot_kv.cut_prefix(tokens, slot, holder.kv)
+                if blobs is not None:
+                    self.prefixes.complete(key, blobs)
+                    log.info("prefix_completed", tokens=len(tokens), from_session=holder.id)
+                    return True
+        return False
 
     def checkpoint(self, engine: Engine) -> bool:
         """Idle time: save the KV of one idle resident session that has grown since its last
@@ -246,6 +265,7 @@ class Residency:
         blobs, evicted = self.prefixes.load(key)
         if blobs is not None:
             if engine.slot_kv.restore_prefix(blobs, prompt.tokens[:n], kv, slot):
+                self.prefixes.note(key, owner, prompt.tokens[:n], blobs)
                 self.prefixes.hits += 1
                 return PrefixStart(shared=n, seconds=time.perf_counter() - t0, evicted=evicted,
                                    source="tier" if self.prefixes.tier_hits > from_tier else "ram",
@@ -274,6 +294,7 @@ class Residency:
         blobs = engine.slot_kv.copy_prefix(prefix, slot, holder.kv, donor_slot)
         if blobs is None:
             return []
+        self.prefixes.note(key, holder.owner, prefix, blobs)
         self.prefixes.copied += 1
         log.info("prefix_cached", tokens=len(prefix), copied_from=holder.id)
         return self.prefixes.finish(key, blobs)

@@ -111,11 +111,12 @@ class KVTier(abc.ABC):
         self.hits += 1
         return blobs
 
-    def put(self, key: str, blobs: Blobs, then: Callable[[], None] | None = None) -> None:
-        """Write the entry in the background (an entry already there, or being written, stays);
-        ``then`` runs on the writer once the entry is there (not when its write failed)."""
+    def put(self, key: str, blobs: Blobs, then: Callable[[], None] | None = None, replace: bool = False) -> None:
+        """Write the entry in the background (an entry already there, or being written, stays
+        unless ``replace``); ``then`` runs on the writer once the entry is there (not when its
+        write failed)."""
         with self._lock:
-            if key in self._pending or self.has(key):
+            if not replace and (key in self._pending or self.has(key)):
                 if then is not None:  # one writer thread: after the write under way, if any
                     self._writer.submit(lambda: self.has(key) and then())
                 return

@@ -93,10 +93,11 @@ TOOLS = [{"type": "function", "function": {
     for i in range(24)]
 
 
-def agent_turn(base: str, sid: str, question: str) -> dict:
+def agent_turn(base: str, sid: str, question: str, **extra: object) -> dict:
     r = httpx.post(base + "/v1/chat/completions", headers={"X-SpecGate-Session": sid}, timeout=120,
                    json={"messages": [{"role": "system", "content": "You operate the plant."},
-                                      {"role": "user", "content": question}], "tools": TOOLS, "max_tokens": 4})
+                                      {"role": "user", "content": question}], "tools": TOOLS, "max_tokens": 4,
+                         **extra})
     assert r.status_code == 200, r.text
     return r.json()["timings"]
 
@@ -154,5 +155,60 @@ def test_a_restarted_server_restores_a_session_from_its_checkpoint(tiny_target, 
         assert t["kv_rebuilt"] and t["prefix_shared_n"] > 1100 and t["prompt_n"] < 60, t
         assert t["prompt_n"] == t["context_n"] - t["prefix_shared_n"]
         assert metric(again.base, "specgate_session_checkpoint_restores_total") == 1
+    finally:
+        again.stop()
+
+
+def test_the_tier_stays_within_its_byte_budget_under_a_soak(tiny_target, tiny_speculator, tmp_path, redis_server):
+    """Sixteen conversations, each with a system prompt of its own, one slot: each is displaced
+    by the next and checkpointed in idle time.  The checkpoints together take several times the
+    tier's 8 MiB budget; the folder never holds more than the budget, and the oldest go."""
+    budget = 8 << 20
+    gw = start_gateway(tiny_target, tiny_speculator, engine={"slots": 1}, kv_tier_dir=str(tmp_path),
+                       kv_tier_max_mb=budget >> 20, redis_url=redis_server.url, prefix_min_tokens=0,
+                       kv_checkpoint_tokens=256)
+    used, sizes = [], []
+    try:
+        for i in range(16):
+            r = httpx.post(gw.base + "/v1/chat/completions", headers={"X-SpecGate-Session": f"soak-{i}"},
+                           timeout=120, json={"messages": [
+                               {"role": "system", "content": f"Plant {i}. " + SYSTEM},
+                               {"role": "user", "content": "Which unit alarmed?"}], "max_tokens": 4,
+                               "specprefill": False})
+            assert r.status_code == 200, r.text
+            assert until(lambda i=i: metric(gw.base, "specgate_session_checkpoints_total") >= i + 1)
+            files = list((tmp_path / "prefixes").glob("*.kv"))
+            used.append(sum(p.stat().st_size for p in files))
+            sizes.append(max(p.stat().st_size for p in files))
+    finally:
+        gw.stop()
+    assert 16 * min(sizes) > 3 * budget  # what was written: several budgets' worth
+    assert max(used) <= budget, used
+    assert len(list((tmp_path / "prefixes").glob("*.kv"))) < 16  # the oldest went
+
+
+def test_idle_catch_up_completes_a_copied_prefix_with_the_scorers_part(tiny_target, tiny_speculator, tmp_path):
+    """The tool guard defers the scorer, so the prefix entry copied from the first conversation
+    holds the target's part only.  Idle catch-up brings the scorers up; the entry then gains
+    the scorer's part, here and in the tier, and a conversation on a restarted server starts
+    with its scorer holding the prefix: it lags by the conversation's own tokens only."""
+    first = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2}, kv_tier_dir=str(tmp_path),
+                          catch_up_tokens=256)
+    try:
+        # no scoring (as break-even decides for an agent's first turns on the real pair): the
+        # scorer is deferred, and the entry copied from s-1 holds the target's part only
+        agent_turn(first.base, "s-1", "Which unit alarmed?", specprefill=False)
+        sibling = agent_turn(first.base, "s-2", "Report unit 7.", specprefill=False)
+        n = sibling["prefix_shared_n"]
+        assert n > 1000 and metric(first.base, "specgate_prefix_copied_total") == 1
+        assert sibling["speculator_cache_n"] < n  # idle catch-up may have begun on s-1: a part at most
+        assert until(lambda: metric(first.base, "specgate_prefix_completed_total") == 1)
+    finally:
+        first.stop()  # closing waits for the tier's writes: the completed entry replaced the first
+    again = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2}, kv_tier_dir=str(tmp_path))
+    try:
+        t = agent_turn(again.base, "s-3", "Report unit 9.")
+        assert t["prefix_shared_n"] == n and t["prefix_source"] == "tier", t
+        assert t["speculator_deferred_n"] <= t["context_n"] - n + 4, t  # the prefix was not deferred
     finally:
         again.stop()
