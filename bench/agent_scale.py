@@ -117,16 +117,7 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
 
 
 def directory_arms(a: Arms) -> None:
-    first, first_log, first_pids = a.serve("first")
-    with first as base:
-        a.ask(base, first_log, first_pids[0], "cold", body(TASKS[0]))
-        a.ask(base, first_log, first_pids[0], "sibling", body(TASKS[1]))
-        # the tier's writes run off the reply path, and idle work (the scorers caught up, both
-        # sessions checkpointed) would share these 2 cores with the replica: let both finish
-        wait_for(lambda: checkpoints(base) >= 2)
-        second, second_log, second_pids = a.serve("replica")
-        with second as base2:
-            a.ask(base2, second_log, second_pids[0], "replica", body(TASKS[2]))
+    first_and_replica(a)
     again, again_log, again_pids = a.serve("restarted")
     with again as base:
         a.ask(base, again_log, again_pids[0], "restarted", body(TASKS[3]))
@@ -140,10 +131,17 @@ def directory_arms(a: Arms) -> None:
 
 def redis_arms(a: Arms) -> None:
     """The Redis backend (no shared disk): a first server fills it, a second one beside it reads."""
+    first_and_replica(a)
+
+
+def first_and_replica(a: Arms) -> None:
+    """cold and sibling on a first server, then replica on a second one beside it (same tier)."""
     first, first_log, first_pids = a.serve("first")
     with first as base:
         a.ask(base, first_log, first_pids[0], "cold", body(TASKS[0]))
         a.ask(base, first_log, first_pids[0], "sibling", body(TASKS[1]))
+        # the tier's writes run off the reply path, and idle work (the scorers caught up, both
+        # sessions checkpointed) would share these 2 cores with the replica: let both finish
         wait_for(lambda: checkpoints(base) >= 2)
         second, second_log, second_pids = a.serve("replica")
         with second as base2:

@@ -1,13 +1,23 @@
-"""``specgate bench depth``: a tool turn deep in an agent's context, with the scorer kept in
-step by idle time.  Claude Code's recorded first request (11.8K tokens) on the real pair, as
-two conversations in one server; after each first turn the server is left idle until it has
-caught both scorers up; then each conversation's tool turn brings a ~2K-token tool result: one
-with the default policy (SpecPrefill may score only the new tokens), one dense
-(``specprefill: false``), in the same run.
+"""``specgate bench depth``: an agent's tool turns deep in its context, on the real pair.
 
-Reported per turn: TTFT, tokens prefilled into the target, the scorer's cached and prefilled
-tokens, the planner's status, and the idle catch-up's tokens and seconds.  Not here yet: three
-tool turns with 20 s gaps, decode modes at depth, and answer checks against dense.
+The conversation is Claude Code's recorded first request (``tests/fixtures/clients/claude_code_first.json``)
+with MCP-style tools added, ~14K tokens before the user's first word, sent over the Anthropic
+Messages API with no session named, as Claude Code sends it.  Then three tool turns: the
+client resends the history with its own form of the call (a ``Bash`` ``tool_use``) and a
+``tool_result`` of ~2K tokens (a plant log with one alarm), 20 s after the previous reply,
+standing for the tool's run time.
+
+One server; first a warm-up (this agent's prompt seen before: two conversations, then idle time
+until the scorers have caught up and the shared prefix's entry holds both models), then two
+conversations with the same shape and the same tool results, one after the other: ``default``
+(the default policy) and ``dense`` (``specprefill: false``, the same run).  Their tasks differ
+by one word, so the dense one shares only the system prompt and tools with the other.
+
+Per turn: TTFT, tokens prefilled into the target and kept, scoring cost, the planner's status,
+the scorer's cached/prefilled/deferred tokens, decode tokens/s, the scorer tokens caught up in
+the idle gap before the turn, and the bench's checks on the reply: a tool call the tools
+accept, or an answer naming the alarmed unit.  The 1.5B target is a weak agent: the checks
+say whether the default policy answers as dense does, not whether either is right.
 """
 
 from __future__ import annotations
@@ -26,69 +36,151 @@ from bench.common import bench_engine, free_port, progress, write_result
 from bench.serving import server, specgate_cmd
 from core.config import EngineConfig
 
-TOOL_RESULT = "\n".join(f"2026-12-03T10:{i // 60:02d}:{i % 60:02d} unit-{i % 7} flow={i * 37 % 900} "
-                        f"pressure={i * 13 % 70} status={'ALARM' if i % 97 == 0 else 'ok'}" for i in range(190))
+GAP_S = 20.0  # the tool's run time between a reply and the next request
+TOOL_TURNS = 3
+MAX_TOKENS = 48
+
+
+def mcp_tools(n: int = 14) -> list[dict[str, Any]]:
+    """MCP-style tools as a plant-operations server would list them (~150 tokens each)."""
+    return [{"name": f"mcp__plant__unit_{i}_report",
+             "description": (f"Reads unit {i}'s report from the plant historian: flow, pressure, temperature and "
+                             "alarm state for a time range, at one-minute resolution. Use it when the user asks "
+                             f"about unit {i}, its trends, or an alarm it raised; prefer it over reading raw log "
+                             "files. Times are ISO 8601 in UTC. Results longer than 2,000 lines are truncated."),
+             "input_schema": {"type": "object", "properties": {
+                 "start": {"type": "string", "description": "first minute, ISO 8601"},
+                 "end": {"type": "string", "description": "last minute, ISO 8601"},
+                 "fields": {"type": "array", "items": {"type": "string", "enum": ["flow", "pressure", "temp",
+                                                                                    "alarm"]}}},
+                 "required": ["start", "end"]}} for i in range(n)]
+
+
+def plant_log(day: int, lines: int = 110) -> tuple[str, str]:
+    """A day's log (~2K tokens) with one alarm; returns the log and the unit that alarmed."""
+    alarmed = f"unit-{(day * 3 + 2) % 7}"
+    rows = []
+    for i in range(lines):
+        unit = f"unit-{i % 7}"
+        status = "ALARM pressure over limit" if (unit == alarmed and i == 61) else "ok"
+        rows.append(f"2026-12-0{day}T10:{i // 60:02d}:{i % 60:02d}Z {unit} flow={(i * 37 + day) % 900} "
+                    f"pressure={(i * 13 + day) % 70} temp={40 + i % 17} status={status}")
+    return "\n".join(rows), alarmed
 
 
 def first_turn(task: str) -> dict[str, Any]:
     doc = copy.deepcopy(orjson.loads(FIXTURE.read_bytes())["body"])
     doc["messages"][0]["content"][-1]["text"] = task
-    return {**doc, "stream": False, "max_tokens": 24}
+    doc["tools"] = [*doc["tools"], *mcp_tools()]
+    return {**doc, "stream": False, "max_tokens": MAX_TOKENS}
 
 
-def tool_turn(first: dict[str, Any], reply: list[dict[str, Any]], dense: bool) -> dict[str, Any]:
-    messages = [*first["messages"], {"role": "assistant", "content": reply},
-                {"role": "user", "content": [{"type": "text", "text": "Here is the log:\n" + TOOL_RESULT +
-                                              "\nWhich unit raised an alarm first?"}]}]
-    return {**first, "messages": messages, **({"specprefill": False} if dense else {})}
+def with_tool_result(doc: dict[str, Any], k: int) -> dict[str, Any]:
+    """The next request: the client's form of its ``Bash`` call, and day ``k``'s log as its result."""
+    log, _ = plant_log(k)
+    call = {"type": "tool_use", "id": f"toolu_{k:02d}", "name": "Bash", "input": {"command": f"cat logs/day{k}.log"}}
+    return {**doc, "messages": [
+        *doc["messages"],
+        {"role": "assistant", "content": [{"type": "text", "text": f"I'll read day {k}'s log."}, call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": log},
+                                     {"type": "text", "text": "Which unit raised an alarm?"}]}]}
 
 
-def caught_up(base: str) -> float:
-    text = httpx.get(base + "/metrics", timeout=10).text
-    return next(float(x.split()[1]) for x in text.splitlines()
-                if x.startswith("specgate_speculator_caught_up_tokens_total "))
+def check(reply: dict[str, Any], tools: list[dict[str, Any]], alarmed: str | None) -> dict[str, Any]:
+    """A tool call to a listed tool with an object input, or text naming the alarmed unit."""
+    names = {t["name"] for t in tools}
+    calls = [b for b in reply.get("content", []) if b.get("type") == "tool_use"]
+    text = " ".join(b.get("text", "") for b in reply.get("content", []) if b.get("type") == "text")
+    valid_calls = bool(calls) and all(c["name"] in names and isinstance(c.get("input"), dict) for c in calls)
+    return {"kind": "tool_call" if calls else "text", "valid_tool_call": valid_calls if calls else None,
+            "names_alarmed_unit": (alarmed in text) if alarmed and not calls else None,
+            "reply": (text or orjson.dumps(calls).decode())[:160]}
 
 
-def row(arm: str, t: dict[str, Any], pid: int) -> dict[str, Any]:
-    keys = ("context_n", "cache_n", "prompt_n", "ttft_ms", "prompt_ms", "specprefill", "specprefill_reason",
-            "speculator_cache_n", "speculator_prefill_n", "speculator_deferred_n", "scoring_ms", "kept_pct",
-            "predicted_per_second")
-    return {"arm": arm, "rss_mb": rss_mb(pid), **{k: t.get(k) for k in keys}}
+def metric(base: str, name: str) -> float:
+    text = httpx.get(base + "/metrics", timeout=30).text
+    return next((float(x.split()[1]) for x in text.splitlines() if x.startswith(name + " ")), 0.0)
 
 
-def run(engine: EngineConfig, out: Path, idle_timeout_s: float = 900) -> dict[str, Any]:
+def settle(base: str, timeout_s: float = 1200) -> float:
+    """Wait until idle work has stopped (the scorers caught up, entries completed, sessions
+    checkpointed); returns the seconds waited."""
+    t0 = last_change = time.perf_counter()
+    last = -1.0
+    while time.perf_counter() - t0 < timeout_s:
+        now = metric(base, "specgate_idle_chunks_total")
+        if now != last:
+            last, last_change = now, time.perf_counter()
+        elif time.perf_counter() - last_change > 6:
+            break
+        time.sleep(1)
+    return round(time.perf_counter() - t0, 1)
+
+
+KEYS = ("context_n", "cache_n", "prompt_n", "ttft_ms", "prompt_ms", "specprefill", "specprefill_reason",
+        "speculator_cache_n", "speculator_prefill_n", "speculator_deferred_n", "scoring_ms", "predicted_per_second",
+        "prefix_source", "prefix_shared_n", "constraint")
+
+
+def conversation(http: httpx.Client, base: str, log: Path, pid: int, arm: str, task: str) -> list[dict[str, Any]]:
+    doc, rows = first_turn(task), []
+    extra = {"specprefill": False} if arm == "dense" else {}
+    for k in range(TOOL_TURNS + 1):
+        caught0 = metric(base, "specgate_speculator_caught_up_tokens_total")
+        if k:
+            time.sleep(GAP_S)
+            doc = with_tool_result(doc, k)
+        caught = metric(base, "specgate_speculator_caught_up_tokens_total") - caught0
+        progress(f"depth: {arm} turn {k}")
+        r = http.post("/v1/messages", json={**doc, **extra})
+        r.raise_for_status()
+        t = turn_done(log)
+        rows.append({"arm": arm, "turn": k, "caught_up_in_gap": caught, "rss_mb": rss_mb(pid),
+                     **{key: t.get(key) for key in KEYS},
+                     "kept_pct": round(100 * t["prompt_n"] / max(1, t["context_n"] - t["cache_n"]), 1),
+                     **check(r.json(), doc["tools"], plant_log(k)[1] if k else None)})
+    return rows
+
+
+def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / "depth.log"
     port, pids = free_port(), list[int]()
-    rows: list[dict[str, Any]] = []
     with server(specgate_cmd(port, engine, log_level="info"), port, log, pids) as base, \
             httpx.Client(base_url=base, timeout=3600) as http:
-        firsts = {arm: first_turn(task) for arm, task in (("specprefill", "Check the pump logs."),
-                                                          ("dense", "Check the valve logs."))}
-        replies = {}
-        for arm, body in firsts.items():
-            progress(f"depth: first turn ({arm} conversation)")
-            r = http.post("/v1/messages", json=body)
-            r.raise_for_status()
-            replies[arm] = r.json()["content"] or [{"type": "text", "text": "Looking."}]
-            rows.append(row(f"{arm}: first turn", turn_done(log), pids[0]))
-        goal = sum(t["context_n"] for t in rows)
-        progress(f"depth: idle, catching the scorers up ({goal} tokens)")
-        t0 = time.perf_counter()
-        while caught_up(base) < goal * 0.98 and time.perf_counter() - t0 < idle_timeout_s:
-            time.sleep(2)
-        idle = {"caught_up_tokens": caught_up(base), "seconds": round(time.perf_counter() - t0, 1)}
-        for arm in ("specprefill", "dense"):
-            progress(f"depth: tool turn ({arm})")
-            r = http.post("/v1/messages", json=tool_turn(firsts[arm], replies[arm], arm == "dense"))
-            r.raise_for_status()
-            rows.append(row(f"{arm}: tool turn", turn_done(log), pids[0]))
-    sparse, dense = rows[-2], rows[-1]
-    summary = {"idle_catch_up": idle, "tool_turn_ttft_s": {"specprefill": round(sparse["ttft_ms"] / 1e3, 2),
-                                                           "dense": round(dense["ttft_ms"] / 1e3, 2)},
-               "speedup": round(dense["ttft_ms"] / sparse["ttft_ms"], 3), "status": sparse["specprefill"]}
-    write_result(out, "depth", {"summary": summary, "rows": rows},
+        warm = []
+        for task in ("Warm-up: say hello.", "Warm-up: say hi."):
+            progress(f"depth: warm-up ({task})")
+            http.post("/v1/messages", json=first_turn(task)).raise_for_status()
+            warm.append({key: turn_done(log).get(key) for key in KEYS})
+        idle = {"seconds": settle(base), "caught_up_tokens": metric(base, "specgate_speculator_caught_up_tokens_total"),
+                "prefix_completed": metric(base, "specgate_prefix_completed_total")}
+        rows = conversation(http, base, log, pids[0], "default", "Task A: find which unit raised an alarm.")
+        settle(base)
+        rows += conversation(http, base, log, pids[0], "dense", "Task B: find which unit raised an alarm.")
+    return summarize(warm, idle, rows, out, engine)
+
+
+def summarize(warm: list[dict[str, Any]], idle: dict[str, Any], rows: list[dict[str, Any]], out: Path,
+              engine: EngineConfig) -> dict[str, Any]:
+    by = {(r["arm"], r["turn"]): r for r in rows}
+    turns = []
+    for k in range(TOOL_TURNS + 1):
+        d, x = by[("default", k)], by[("dense", k)]
+        turns.append({"turn": k, "depth": d["context_n"], "new_tokens": d["context_n"] - d["cache_n"],
+                      "ttft_s": {"default": round(d["ttft_ms"] / 1e3, 1), "dense": round(x["ttft_ms"] / 1e3, 1)},
+                      "speedup": round(x["ttft_ms"] / d["ttft_ms"], 2), "status": d["specprefill"],
+                      "kept_pct": d["kept_pct"], "scoring_s": round((d["scoring_ms"] or 0) / 1e3, 1),
+                      "decode_tok_s": {"default": d["predicted_per_second"], "dense": x["predicted_per_second"]},
+                      "caught_up_in_gap": d["caught_up_in_gap"],
+                      "checks": {"default": [d["kind"], d["valid_tool_call"], d["names_alarmed_unit"]],
+                                 "dense": [x["kind"], x["valid_tool_call"], x["names_alarmed_unit"]]}})
+    deep = [t for t in turns if t["turn"] and t["depth"] >= 14000]
+    summary = {"warm_up_idle": idle, "turns": turns,
+               "tool_turns_at_14k_speedup": [t["speedup"] for t in deep]}
+    write_result(out, "depth", {"params": {"gap_s": GAP_S, "tool_turns": TOOL_TURNS, "max_tokens": MAX_TOKENS},
+                                "summary": summary, "warm_up": warm, "rows": rows},
                  {"target": engine.target, "speculator": engine.speculator})
     return summary
 
