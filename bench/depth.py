@@ -17,7 +17,9 @@ Per turn: TTFT, tokens prefilled into the target and kept, scoring cost, the pla
 the scorer's cached/prefilled/deferred tokens, decode tokens/s, the scorer tokens caught up in
 the idle gap before the turn, and the bench's checks on the reply: a tool call the tools
 accept, or an answer naming the alarmed unit.  The 1.5B target is a weak agent: the checks
-say whether the default policy answers as dense does, not whether either is right.
+say whether the default policy answers as dense does, not whether either is right.  After
+the default conversation's last turn, that request again (its prompt all cached) decoded in
+each mode: plain, speculative and SpecAttn, at ~20K depth.
 """
 
 from __future__ import annotations
@@ -122,7 +124,9 @@ KEYS = ("context_n", "cache_n", "prompt_n", "ttft_ms", "prompt_ms", "specprefill
         "prefix_source", "prefix_shared_n", "constraint")
 
 
-def conversation(http: httpx.Client, base: str, log: Path, pid: int, arm: str, task: str) -> list[dict[str, Any]]:
+def conversation(http: httpx.Client, base: str, log: Path, pid: int, arm: str,
+                 task: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The arm's four turns; returns their rows and the last request."""
     doc, rows = first_turn(task), []
     extra = {"specprefill": False} if arm == "dense" else {}
     for k in range(TOOL_TURNS + 1):
@@ -139,6 +143,23 @@ def conversation(http: httpx.Client, base: str, log: Path, pid: int, arm: str, t
                      **{key: t.get(key) for key in KEYS},
                      "kept_pct": round(100 * t["prompt_n"] / max(1, t["context_n"] - t["cache_n"]), 1),
                      **check(r.json(), doc["tools"], plant_log(k)[1] if k else None)})
+    return rows, doc
+
+
+MODES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("plain", {}), ("speculative", {"speculative": True}), ("specattn", {"specattn": True}))
+
+
+def decode_modes(http: httpx.Client, log: Path, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The last tool turn's request again, its prompt all cached, decoded 64 tokens in each mode."""
+    rows = []
+    for mode, extra in MODES:
+        progress(f"depth: decoding at depth, {mode}")
+        http.post("/v1/messages", json={**doc, "max_tokens": 64, **extra}).raise_for_status()
+        t = turn_done(log)
+        rows.append({"mode": mode, **{k: t.get(k) for k in ("decode_mode", "context_n", "cache_n", "predicted_n",
+                                                            "predicted_per_second", "draft_acceptance",
+                                                            "kv_selected_fraction", "constraint")}})
     return rows
 
 
@@ -156,14 +177,15 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
             warm.append({key: turn_done(log).get(key) for key in KEYS})
         idle = {"seconds": settle(base), "caught_up_tokens": metric(base, "specgate_speculator_caught_up_tokens_total"),
                 "prefix_completed": metric(base, "specgate_prefix_completed_total")}
-        rows = conversation(http, base, log, pids[0], "default", "Task A: find which unit raised an alarm.")
+        rows, last = conversation(http, base, log, pids[0], "default", "Task A: find which unit raised an alarm.")
+        modes = decode_modes(http, log, last)
         settle(base)
-        rows += conversation(http, base, log, pids[0], "dense", "Task B: find which unit raised an alarm.")
-    return summarize(warm, idle, rows, out, engine)
+        rows += conversation(http, base, log, pids[0], "dense", "Task B: find which unit raised an alarm.")[0]
+    return summarize(warm, idle, rows, modes, out, engine)
 
 
-def summarize(warm: list[dict[str, Any]], idle: dict[str, Any], rows: list[dict[str, Any]], out: Path,
-              engine: EngineConfig) -> dict[str, Any]:
+def summarize(warm: list[dict[str, Any]], idle: dict[str, Any], rows: list[dict[str, Any]],
+              modes: list[dict[str, Any]], out: Path, engine: EngineConfig) -> dict[str, Any]:
     by = {(r["arm"], r["turn"]): r for r in rows}
     turns = []
     for k in range(TOOL_TURNS + 1):
@@ -178,9 +200,11 @@ def summarize(warm: list[dict[str, Any]], idle: dict[str, Any], rows: list[dict[
                                  "dense": [x["kind"], x["valid_tool_call"], x["names_alarmed_unit"]]}})
     deep = [t for t in turns if t["turn"] and t["depth"] >= 14000]
     summary = {"warm_up_idle": idle, "turns": turns,
-               "tool_turns_at_14k_speedup": [t["speedup"] for t in deep]}
+               "tool_turns_at_14k_speedup": [t["speedup"] for t in deep],
+               "decode_tok_s_at_depth": {m["mode"]: m["predicted_per_second"] for m in modes},
+               "decode_depth": modes[0]["context_n"]}
     write_result(out, "depth", {"params": {"gap_s": GAP_S, "tool_turns": TOOL_TURNS, "max_tokens": MAX_TOKENS},
-                                "summary": summary, "warm_up": warm, "rows": rows},
+                                "summary": summary, "warm_up": warm, "rows": rows, "decode_modes": modes},
                  {"target": engine.target, "speculator": engine.speculator})
     return summary
 
