@@ -155,7 +155,11 @@ def decode_modes(http: httpx.Client, log: Path, doc: dict[str, Any]) -> list[dic
     rows = []
     for mode, extra in MODES:
         progress(f"depth: decoding at depth, {mode}")
-        http.post("/v1/messages", json={**doc, "max_tokens": 64, **extra}).raise_for_status()
+        r = http.post("/v1/messages", json={**doc, "max_tokens": 64, **extra})
+        if r.status_code == 400:  # SpecAttn needs --kv-layout unified; the default server is split
+            rows.append({"mode": mode, "error": r.json()["error"]["message"], "predicted_per_second": None})
+            continue
+        r.raise_for_status()
         t = turn_done(log)
         rows.append({"mode": mode, **{k: t.get(k) for k in ("decode_mode", "context_n", "cache_n", "predicted_n",
                                                             "predicted_per_second", "draft_acceptance",
@@ -202,7 +206,7 @@ def summarize(warm: list[dict[str, Any]], idle: dict[str, Any], rows: list[dict[
     summary = {"warm_up_idle": idle, "turns": turns,
                "tool_turns_at_14k_speedup": [t["speedup"] for t in deep],
                "decode_tok_s_at_depth": {m["mode"]: m["predicted_per_second"] for m in modes},
-               "decode_depth": modes[0]["context_n"]}
+               "decode_depth": modes[0].get("context_n")}
     write_result(out, "depth", {"params": {"gap_s": GAP_S, "tool_turns": TOOL_TURNS, "max_tokens": MAX_TOKENS},
                                 "summary": summary, "warm_up": warm, "rows": rows, "decode_modes": modes},
                  {"target": engine.target, "speculator": engine.speculator})
