@@ -116,7 +116,8 @@ def summarize(arms: list[dict[str, Any]], n_ctx: int, out: Path, engine: EngineC
     summary: dict[str, Any] = {}
     for a in arms:
         turns = [r for r in a["requests"] if "refused" not in r]
-        main: dict[str, Any] = max(turns, key=lambda r: r.get("context_n") or 0, default={})  # the agent's turn (not a title)
+        # the agent's turn (not opencode's title request)
+        main: dict[str, Any] = max(turns, key=lambda r: r.get("context_n") or 0, default={})
         prompt = main.get("context_n") or 0
         summary[a["arm"]] = {
             "ok": a["ok"], "wall_s": a["wall_s"], "requests": len(turns),

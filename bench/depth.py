@@ -60,11 +60,12 @@ def mcp_tools(n: int = 14) -> list[dict[str, Any]]:
 
 def plant_log(day: int, lines: int = 110) -> tuple[str, str]:
     """A day's log (~2K tokens) with one alarm; returns the log and the unit that alarmed."""
-    alarmed = f"unit-{(day * 3 + 2) % 7}"
+    which = (day * 3 + 2) % 7
+    alarmed, at = f"unit-{which}", 56 + which  # one line past the middle: the unit's row there
     rows = []
     for i in range(lines):
         unit = f"unit-{i % 7}"
-        status = "ALARM pressure over limit" if (unit == alarmed and i == 61) else "ok"
+        status = "ALARM pressure over limit" if i == at else "ok"
         rows.append(f"2026-12-0{day}T10:{i // 60:02d}:{i % 60:02d}Z {unit} flow={(i * 37 + day) % 900} "
                     f"pressure={(i * 13 + day) % 70} temp={40 + i % 17} status={status}")
     return "\n".join(rows), alarmed

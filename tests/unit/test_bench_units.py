@@ -147,3 +147,43 @@ def test_stateless_summary_compares_each_turn_with_named_and_takes_a_running_rou
     assert t1["server_ttft_s"] == 19.0 and t1["server_ttft_vs_named"] == 1.0
     assert t2["ttft_vs_named"] == 1.5 and t2["reused_tokens"] == 90
     assert t2["server_ttft_s"] is None and "server_ttft_vs_named" not in t2  # one row had none: no mean
+
+
+def test_depth_logs_hold_one_alarm_and_the_checks_read_replies():
+    from bench.depth import check, plant_log, with_tool_result
+
+    for day in (1, 2, 3):
+        log, unit = plant_log(day)
+        alarms = [line for line in log.splitlines() if "ALARM" in line]
+        assert len(alarms) == 1 and f" {unit} " in alarms[0]
+    tools = [{"name": "Bash"}]
+    _, unit = plant_log(2)
+    said = check({"content": [{"type": "text", "text": f"The alarm came from {unit}."}]}, tools, unit)
+    assert said["kind"] == "text" and said["names_alarmed_unit"] is True
+    wrong = check({"content": [{"type": "text", "text": "No alarm."}]}, tools, unit)
+    assert wrong["names_alarmed_unit"] is False
+    call = check({"content": [{"type": "tool_use", "name": "Bash", "input": {"command": "ls"}}]}, tools, unit)
+    assert call == {**call, "kind": "tool_call", "valid_tool_call": True, "names_alarmed_unit": None}
+    unknown = check({"content": [{"type": "tool_use", "name": "Nope", "input": {}}]}, tools, unit)
+    assert unknown["valid_tool_call"] is False
+    doc = with_tool_result({"messages": [{"role": "user", "content": "go"}]}, 1)
+    call_block, result = doc["messages"][1]["content"][1], doc["messages"][2]["content"][0]
+    assert call_block["id"] == result["tool_use_id"] and result["content"] == plant_log(1)[0]
+
+
+def test_coding_agents_reads_the_requests_a_replica_served(tmp_path):
+    import orjson
+
+    from bench.coding_agents import served
+
+    log = tmp_path / "replica.log"
+    events = [{"event": "request_start", "request_id": "a", "path": "/v1/messages", "tools": True},
+              {"event": "turn_done", "request_id": "a", "context_n": 100, "cache_n": 90, "prompt_n": 10,
+               "ttft_ms": 5.0, "finish": "stop"},
+              {"event": "request_error", "path": "/v1/messages", "status": 409, "code": "session_busy",
+               "error": "busy"}]
+    log.write_bytes(b"not json\n" + b"\n".join(orjson.dumps(e) for e in events) + b"\n")
+    rows, mark = served(log, 0)
+    assert mark == 4 and rows[0]["route"] == "/v1/messages" and rows[0]["cache_n"] == 90
+    assert rows[1] == {"refused": {"path": "/v1/messages", "status": 409, "code": "session_busy", "error": "busy"}}
+    assert served(log, mark) == ([], 4)
