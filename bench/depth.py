@@ -4,7 +4,7 @@ The conversation is Claude Code's recorded first request (``tests/fixtures/clien
 with MCP-style tools added, ~14K tokens before the user's first word, sent over the Anthropic
 Messages API with no session named, as Claude Code sends it.  Then three tool turns: the
 client resends the history with its own form of the call (a ``Bash`` ``tool_use``) and a
-``tool_result`` of ~2K tokens (a plant log with one alarm), 20 s after the previous reply,
+``tool_result`` of ~2.4K tokens (a plant log with one alarm), 20 s after the previous reply,
 standing for the tool's run time.
 
 One server; first a warm-up (this agent's prompt seen before: two conversations, then idle time
@@ -58,10 +58,10 @@ def mcp_tools(n: int = 14) -> list[dict[str, Any]]:
                  "required": ["start", "end"]}} for i in range(n)]
 
 
-def plant_log(day: int, lines: int = 110) -> tuple[str, str]:
-    """A day's log (~2K tokens) with one alarm; returns the log and the unit that alarmed."""
+def plant_log(day: int, lines: int = 60) -> tuple[str, str]:
+    """A day's log (~2.4K tokens, ~40 a line) with one alarm; returns the log and the unit that alarmed."""
     which = (day * 3 + 2) % 7
-    alarmed, at = f"unit-{which}", 56 + which  # one line past the middle: the unit's row there
+    alarmed, at = f"unit-{which}", 28 + which  # about the middle: the unit's row there
     rows = []
     for i in range(lines):
         unit = f"unit-{i % 7}"
@@ -86,7 +86,7 @@ def with_tool_result(doc: dict[str, Any], k: int) -> dict[str, Any]:
         *doc["messages"],
         {"role": "assistant", "content": [{"type": "text", "text": f"I'll read day {k}'s log."}, call]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": log},
-                                     {"type": "text", "text": "Which unit raised an alarm?"}]}]}
+                                     {"type": "text", "text": f"Which unit raised an alarm in day {k}'s log?"}]}]}
 
 
 def check(reply: dict[str, Any], tools: list[dict[str, Any]], alarmed: str | None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.config import Limits
-from core.errors import InvalidRequest
+from core.errors import ConfigError, InvalidRequest
 from core.policies import TurnParams
 from gateway import chat_request, client_hints
 from gateway.wire.anthropic import parse as anthropic_messages
@@ -175,3 +175,22 @@ def test_a_tool_schema_the_grammar_cannot_compile_never_fails_an_auto_request():
     for choice in ("required", {"type": "function", "function": {"name": "f"}}):  # a forced call stays enforced
         with pytest.raises(InvalidRequest, match="cannot be enforced"):
             chat_request.parse_chat({**body, "tool_choice": choice}, TurnParams(), None)
+
+
+@pytest.mark.parametrize("route", ["messages", "responses"])
+def test_decoding_extensions_reach_the_turn_on_every_protocol(route):
+    """``speculative`` and ``specattn`` are read on the Anthropic and Responses routes as on Chat
+    Completions (they were ignored there), with the same checks."""
+    def parse_with(extra: dict) -> chat_request.ChatRequest:
+        if route == "messages":
+            body = {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], **extra}
+            return anthropic_messages.parse_messages_body(body, TurnParams(), None, Limits(), N_CTX)
+        return openai_responses.parse_body({"input": "hi", **extra}, [], TurnParams(), Limits(), N_CTX).chat
+
+    assert parse_with({}).params.decoding.mode.value == "plain"
+    spec = parse_with({"speculative": {"gamma": 3}}).params.decoding
+    assert spec.mode.value == "speculative" and spec.gamma == 3
+    sparse = parse_with({"specattn": {"p": 0.9}}).params.decoding
+    assert sparse.mode.value == "specattn" and sparse.specattn_p == 0.9
+    with pytest.raises(ConfigError, match="gamma"):  # a 400 invalid_parameter, as on Chat Completions
+        parse_with({"speculative": {"gamma": 99}})

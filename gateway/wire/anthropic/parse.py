@@ -28,7 +28,8 @@ IGNORED_BLOCKS = ("thinking", "redacted_thinking", "server_tool_use", "web_searc
 # the fields read here; the rest (thinking, context_management, output_config, service_tier, container,
 # mcp_servers, betas, ...) have no meaning on this server and are ignored with a debug log
 KNOWN_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "max_tokens", "stream",
-                          "temperature", "top_p", "top_k", "stop_sequences", "metadata", "session_id", "specprefill"})
+                          "temperature", "top_p", "top_k", "stop_sequences", "metadata", "session_id", "specprefill",
+                          "speculative", "specattn"})
 
 
 def parse(body: Any, request: web.Request) -> ChatRequest:
@@ -61,6 +62,7 @@ def parse_messages_body(body: Any, defaults: TurnParams, header_session: str | N
         "stream": body.get("stream"), "max_tokens": body["max_tokens"], "temperature": body.get("temperature"),
         "top_p": body.get("top_p"), "top_k": body.get("top_k"), "stop": body.get("stop_sequences"),
         "session_id": body.get("session_id"), "specprefill": body.get("specprefill"),
+        "speculative": body.get("speculative"), "specattn": body.get("specattn"),
         "user": client_hints.anthropic_user_hint(_user_id(body.get("metadata"))),
         "parallel_tool_calls": False if isinstance(body.get("tool_choice"), dict)
         and body["tool_choice"].get("disable_parallel_tool_use") is True else None,
