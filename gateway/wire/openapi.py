@@ -27,6 +27,10 @@ _TOOL = {"type": "object", "required": ["type", "function"], "properties": {
     "type": {"type": "string", "enum": ["function"]},
     "function": {"type": "object", "required": ["name"], "properties": {
         "name": {"type": "string"}, "description": {"type": "string"}, "parameters": {"type": "object"}}}}}
+# SpecGate's own request fields, read on every route (gateway.chat_request)
+_EXTENSIONS = {"specprefill": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
+               "speculative": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
+               "specattn": {"oneOf": [{"type": "boolean"}, {"type": "object"}]}}
 _CHAT = {"type": "object", "required": ["messages"], "properties": {
     "model": {"type": "string"},
     "messages": {"type": "array", "items": _MESSAGE, "minItems": 1, "maxItems": 8},
@@ -38,9 +42,7 @@ _CHAT = {"type": "object", "required": ["messages"], "properties": {
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
     "tools": {"type": "array", "items": _TOOL}, "tool_choice": {"type": "string"},
     "session_id": _ID,
-    "specprefill": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
-    "speculative": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
-    "specattn": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
+    **_EXTENSIONS,
 }}
 _TEXT_BLOCK = {"type": "object", "required": ["type", "text"], "properties": {
     "type": {"type": "string", "enum": ["text"]}, "text": {"type": "string", "maxLength": 2000}}}
@@ -62,7 +64,7 @@ _MESSAGES = {"type": "object", "required": ["model", "max_tokens", "messages"], 
         "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]}, "name": {"type": "string"}}},
     "stop_sequences": {"type": "array", "items": {"type": "string"}}, "stream": {"type": "boolean"},
     "temperature": {"type": "number"}, "top_p": {"type": "number"}, "top_k": {"type": "integer"},
-    "metadata": {"type": "object", "properties": {"user_id": {"type": "string"}}}}}
+    "metadata": {"type": "object", "properties": {"user_id": {"type": "string"}}}, **_EXTENSIONS}}
 _ITEM = {"type": "object", "properties": {
     "type": {"type": "string", "enum": ["message", "function_call", "function_call_output"]},
     "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]},
@@ -78,7 +80,7 @@ _RESPONSE = {"type": "object", "required": ["input"], "properties": {
     "tool_choice": {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]}, {"type": "object"}]},
     "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": 8}, "stream": {"type": "boolean"},
     "store": {"type": "boolean"}, "temperature": {"type": "number"}, "top_p": {"type": "number"},
-    "metadata": {"type": "object", "additionalProperties": {"type": "string"}}}}
+    "metadata": {"type": "object", "additionalProperties": {"type": "string"}}, **_EXTENSIONS}}
 _RESPONSE_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
 
 
