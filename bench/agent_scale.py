@@ -46,7 +46,7 @@ import httpx
 import orjson
 
 from bench.common import bench_engine, free_port, progress, write_result
-from bench.serving import redis_server, server, specgate_cmd
+from bench.serving import metric, redis_server, rss_mb, server, specgate_cmd
 from core.config import EngineConfig
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests/fixtures/clients/claude_code_first.json"
@@ -61,17 +61,10 @@ def body(task: str) -> dict[str, Any]:
     return {**doc, "stream": False, "max_tokens": 8}
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
-
-
 def row(arm: str, t: dict[str, Any], wall_s: float, pid: int, backend: str) -> dict[str, Any]:
     keys = ("context_n", "cache_n", "prompt_n", "prompt_ms", "prefix_shared_n", "prefix_built_n", "prefix_source",
             "prefix_ms", "prefix_bytes", "ttft_ms", "specprefill", "speculator_prefill_n", "speculator_deferred_n")
-    return {"arm": arm, "backend": backend, "wall_s": round(wall_s, 1), "rss_mb": rss_mb(pid),
+    return {"arm": arm, "backend": backend, "wall_s": round(wall_s, 1), "rss_mb": round(rss_mb(pid), 1),
             **{k: t.get(k) for k in keys}}
 
 
@@ -165,9 +158,7 @@ def next_turn(doc: dict[str, Any]) -> dict[str, Any]:
 
 def checkpoints(base: str) -> float:
     """Session checkpoints the server has written to the tier (its index landed after the entry)."""
-    text = httpx.get(base + "/metrics", timeout=30).text
-    return next(float(line.split()[1]) for line in text.splitlines()
-                if line.startswith("specgate_session_checkpoints_total "))
+    return metric(base, "specgate_session_checkpoints_total")
 
 
 def wait_for(check: Callable[[], bool], timeout_s: float = 600) -> None:

@@ -24,7 +24,6 @@ each mode: plain, speculative and SpecAttn, at ~20K depth.
 
 from __future__ import annotations
 
-import copy
 import sys
 import time
 from pathlib import Path
@@ -33,9 +32,9 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.agent_scale import FIXTURE, rss_mb, turn_done
+from bench.agent_scale import body, turn_done
 from bench.common import bench_engine, free_port, progress, write_result
-from bench.serving import server, specgate_cmd
+from bench.serving import metric, rss_mb, server, specgate_cmd
 from core.config import EngineConfig
 
 GAP_S = 20.0  # the tool's run time between a reply and the next request
@@ -72,10 +71,8 @@ def plant_log(day: int, lines: int = 60) -> tuple[str, str]:
 
 
 def first_turn(task: str) -> dict[str, Any]:
-    doc = copy.deepcopy(orjson.loads(FIXTURE.read_bytes())["body"])
-    doc["messages"][0]["content"][-1]["text"] = task
-    doc["tools"] = [*doc["tools"], *mcp_tools()]
-    return {**doc, "stream": False, "max_tokens": MAX_TOKENS}
+    doc = body(task)
+    return {**doc, "tools": [*doc["tools"], *mcp_tools()], "max_tokens": MAX_TOKENS}
 
 
 def with_tool_result(doc: dict[str, Any], k: int) -> dict[str, Any]:
@@ -98,11 +95,6 @@ def check(reply: dict[str, Any], tools: list[dict[str, Any]], alarmed: str | Non
     return {"kind": "tool_call" if calls else "text", "valid_tool_call": valid_calls if calls else None,
             "names_alarmed_unit": (alarmed in text) if alarmed and not calls else None,
             "reply": (text or orjson.dumps(calls).decode())[:160]}
-
-
-def metric(base: str, name: str) -> float:
-    text = httpx.get(base + "/metrics", timeout=30).text
-    return next((float(x.split()[1]) for x in text.splitlines() if x.startswith(name + " ")), 0.0)
 
 
 def settle(base: str, timeout_s: float = 1200) -> float:
@@ -140,7 +132,7 @@ def conversation(http: httpx.Client, base: str, log: Path, pid: int, arm: str,
         r = http.post("/v1/messages", json={**doc, **extra})
         r.raise_for_status()
         t = turn_done(log)
-        rows.append({"arm": arm, "turn": k, "caught_up_in_gap": caught, "rss_mb": rss_mb(pid),
+        rows.append({"arm": arm, "turn": k, "caught_up_in_gap": caught, "rss_mb": round(rss_mb(pid), 1),
                      **{key: t.get(key) for key in KEYS},
                      "kept_pct": round(100 * t["prompt_n"] / max(1, t["context_n"] - t["cache_n"]), 1),
                      **check(r.json(), doc["tools"], plant_log(k)[1] if k else None)})

@@ -75,6 +75,18 @@ def server(cmd: list[str], port: int, log: Path, pids: list[int] | None = None,
             proc.wait(60)
 
 
+def rss_mb(pid: int) -> float:
+    """A server process's resident memory now, in MB (OSError once the process has gone)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return next((int(line.split()[1]) / 1024 for line in lines if line.startswith("VmRSS:")), 0.0)
+
+
+def metric(base: str, name: str) -> float:
+    """One unlabelled figure from a server's ``/metrics`` (0.0 when it is not there)."""
+    text = httpx.get(base + "/metrics", timeout=30).text
+    return next((float(x.split()[1]) for x in text.splitlines() if x.startswith(name + " ")), 0.0)
+
+
 def specgate_cmd(port: int, engine: EngineConfig, **extra: Any) -> list[str]:
     cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--target", engine.target,
            "--speculator", engine.speculator, "--scorer", engine.scorer, "--n-ctx", str(engine.n_ctx),

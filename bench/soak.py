@@ -30,18 +30,11 @@ import httpx
 import orjson
 
 from bench.common import free_port, progress, write_result
-from bench.serving import redis_server, server, specgate_cmd
+from bench.serving import redis_server, rss_mb, server, specgate_cmd
 from core.config import EngineConfig
 
 WORDS = ("valve pump sensor log line reading pressure flow alarm reset shift operator panel unit check "
          "cycle status north south east west level drift").split()
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def scrape(base: str) -> dict[str, float]:

@@ -95,15 +95,15 @@ class PrefixCache:
     def get(self, key: str) -> Blobs | None:
         return self.parked.peek(key)
 
-    def load(self, key: str) -> tuple[Blobs | None, list[str]]:
+    def load(self, key: str) -> tuple[Blobs | None, list[str], str]:
         """The entry from RAM, else from the tier (kept in RAM again): (blobs, the parked
-        sessions evicted to make room)."""
+        sessions evicted to make room, where it was: "ram" or "tier")."""
         if (blobs := self.get(key)) is not None or self.tier is None:
-            return blobs, []
+            return blobs, [], "ram"
         if (blobs := self.tier.get(key)) is None:
-            return None, []
+            return None, [], ""
         self.tier_hits += 1
-        return blobs, self.parked.put(key, blobs, spill=False)
+        return blobs, self.parked.put(key, blobs, spill=False), "tier"
 
     def begin(self, key: str) -> None:
         """This turn builds ``key``; others that need it wait (see :meth:`building`)."""

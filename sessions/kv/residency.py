@@ -91,16 +91,20 @@ class Residency:
             return where
         return session.kv_location.value
 
+    def _idle_sessions(self) -> list[tuple[int, Session]]:
+        """(slot, session) of the resident sessions no turn is using: what idle work may touch."""
+        return [(slot, holder) for slot, holder in self.slots.idle()
+                if isinstance(holder, Session) and holder.state is SessionState.IDLE]
+
     def catch_up(self, engine: Engine, max_tokens: int) -> int:
         """Idle time: bring the scorer's KV of the idle resident session furthest behind one
         chunk closer to its target's, so that its next turn scores only its new tokens
         (core.kv.positions.speculator_backlog).  Returns the tokens decoded; 0: nothing to do."""
         best: tuple[int, int, Session] | None = None
-        for slot, holder in self.slots.idle():
-            if isinstance(holder, Session) and holder.state is SessionState.IDLE:
-                behind = len(speculator_backlog(holder.kv, engine.speculator_ctx.seq(slot).n_ctx - 1)[1])
-                if behind and (best is None or behind > best[0]):
-                    best = (behind, slot, holder)
+        for slot, holder in self._idle_sessions():
+            behind = len(speculator_backlog(holder.kv, engine.speculator_ctx.seq(slot).n_ctx - 1)[1])
+            if behind and (best is None or behind > best[0]):
+                best = (behind, slot, holder)
         if best is None:
             return 0
         _, slot, session = best
@@ -121,10 +125,8 @@ class Residency:
         from the entry then hold the prefix in both models, so their scorer lags by their own
         tokens only, and a later turn can score just its new ones (issue 41)."""
         for key, (owner, tokens) in list(self.prefixes.lacking.items()):
-            for slot, holder in self.slots.idle():
-                if not isinstance(holder, Session) or holder.owner != owner or holder.state is not SessionState.IDLE:
-                    continue
-                blobs = engine.slot_kv.cut_prefix(tokens, slot, holder.kv)
+            for slot, holder in self._idle_sessions():
+                blobs = engine.slot_kv.cut_prefix(tokens, slot, holder.kv) if holder.owner == owner else None
                 if blobs is not None:
                     self.prefixes.complete(key, blobs)
                     log.info("prefix_completed", tokens=len(tokens), from_session=holder.id)
@@ -140,9 +142,7 @@ class Residency:
         model thread: a turn that arrives waits for it (tens of ms per 1K tokens)."""
         if self.checkpoints is None:
             return False
-        for slot, holder in self.slots.idle():
-            if not isinstance(holder, Session) or holder.state is not SessionState.IDLE:
-                continue
+        for slot, holder in self._idle_sessions():
             tokens = tuple(holder.kv.target.tokens)
             n = dense_prefix(holder.kv.target, tokens)
             if n != len(tokens) or not self.checkpoints.due(holder.key, n):
@@ -261,14 +261,12 @@ class Residency:
         if self.prefixes.building(key):
             self.prefixes.waits += 1
             yield Wait(lambda: not self.prefixes.building(key))
-        from_tier = self.prefixes.tier_hits
-        blobs, evicted = self.prefixes.load(key)
+        blobs, evicted, source = self.prefixes.load(key)
         if blobs is not None:
             if engine.slot_kv.restore_prefix(blobs, prompt.tokens[:n], kv, slot):
                 self.prefixes.note(key, owner, prompt.tokens[:n], blobs)
                 self.prefixes.hits += 1
-                return PrefixStart(shared=n, seconds=time.perf_counter() - t0, evicted=evicted,
-                                   source="tier" if self.prefixes.tier_hits > from_tier else "ram",
+                return PrefixStart(shared=n, seconds=time.perf_counter() - t0, evicted=evicted, source=source,
                                    loaded_bytes=sum(map(len, blobs)))
             self.prefixes.forget(key)
             log.warning("prefix_unloadable", tokens=n)
