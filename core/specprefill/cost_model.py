@@ -198,8 +198,12 @@ def estimate(work: Work, costs: Costs) -> Estimate:
     kept = min(work.n_select, work.n_protected + round(costs.kept_ratio(work.kind) * free))
     dense = costs.target.seconds(work.n_select, work.target_cached, _calls(work.n_select, work.n_batch))
     runs = _calls(kept, work.n_batch) if work.compact else max(1, round(kept / costs.run_tokens))
-    sparse = (costs.target.seconds(kept, work.target_cached, runs) if work.compact
-              else costs.target.sparse_seconds(kept, work.target_cached, runs))
+    if kept == work.n_select:  # nothing dropped: the prefill is the dense one, whatever runs selections form
+        sparse = dense
+    elif work.compact:
+        sparse = costs.target.seconds(kept, work.target_cached, runs)
+    else:
+        sparse = costs.target.sparse_seconds(kept, work.target_cached, runs)
     # the speculator prefills all but the last token, then decodes it and the lookahead one by one
     n_prefill, n_context = max(0, work.n_score - 1), work.speculator_cached + work.n_score
     scoring = (costs.speculator.sparse_seconds(work.n_rebuild, 0, work.rebuild_runs)

@@ -35,6 +35,10 @@ def plan(work: Work, policy: PrefillPolicy, guard: GuardVerdict, costs: Costs) -
                     f"{work.n_select} new tokens < min_tokens {policy.min_tokens}", False)
     if guard.triggered and policy.guard_mode == "skip":
         return Plan(Status.SKIPPED_TOOL_GUARD, guard.reason, False)
+    if policy.break_even and work.n_protected >= work.n_select:
+        # scoring would only confirm what the guard decided: no token is free to drop
+        return Plan(Status.SKIPPED_BREAK_EVEN, f"all {work.n_select} new tokens are kept dense ({guard.kept}): "
+                    "nothing to drop", False, kind=work.kind)
     if policy.break_even and costs.calibrated:
         est = estimate(work, costs)
         if est.saved_s < est.scoring_s * policy.safety:

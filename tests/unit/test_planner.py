@@ -288,3 +288,23 @@ def test_a_window_bounds_what_each_token_attends_to():
     cost = PrefillCost(coef=np.array([0.01, 1e-5, 0.0]))
     full, windowed = cost.seconds(8000, 0, 16), cost.seconds(8000, 0, 16, span=2600)
     assert windowed < full and windowed == pytest.approx(0.01 * 8000 + 1e-5 * attended(8000, 0, 2600))
+
+
+def test_a_delta_the_guard_keeps_whole_is_not_scored():
+    """The depth bench's first turn: a second system message and the user's task, all guarded.
+    Scoring it cost 10.6 s and kept every token (0.81x dense)."""
+    verdict = GuardVerdict(True, "request defines tools", ((0, 2150),), "system prompt and tool definitions")
+    p = plan(work(2150, protected=2150), PrefillPolicy(min_tokens=0), verdict, SPEEDS)
+    assert p.status is Status.SKIPPED_BREAK_EVEN and not p.score and "nothing to drop" in p.reason
+    # uncalibrated too: there is nothing a measurement could change
+    assert not plan(work(2150, protected=2150), PrefillPolicy(min_tokens=0), verdict, Costs()).score
+    # one free token is enough to let the cost model decide; break-even off always scores
+    assert plan(work(2150, protected=2149), PrefillPolicy(min_tokens=0), verdict, Costs()).score
+    assert plan(work(2150, protected=2150), PrefillPolicy(min_tokens=0, break_even=False), verdict, SPEEDS).score
+
+
+def test_keeping_everything_costs_the_dense_prefill_not_runs_and_bridges():
+    costs = Costs(target=PrefillCost(coef=np.array([0.025, 1e-6, 3.0])), speculator=linear(0.01),
+                  speculator_step=linear(0.01), run_tokens=4096.0)  # one run: fewer calls than dense
+    est = estimate(work(2150, protected=2150), costs)
+    assert est.kept == 2150 and est.sparse_s == est.dense_s and est.saved_s == 0
