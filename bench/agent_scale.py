@@ -21,13 +21,19 @@ with no session named, as Claude Code sends it:
 Then the same cold, sibling and replica arms on the Redis backend (``--kv-tier-dir redis://``,
 for deployments with Redis and no shared disk).
 
+Last, the peer a user would pick instead, on the same requests: llama.cpp's own
+``llama-server`` (``ops/build_llama_server.sh``), one slot, its RAM prompt cache and
+``--cache-reuse 256``, through its own Anthropic endpoint, streamed: cold, sibling, and a
+restarted process (which is also what a second replica is to it: it keeps no KV beyond its
+process).  Its TTFT is the client's wait for the first content delta; its reused and
+prefilled tokens are what its ``usage`` reports.
+
 Every server shares one redis-server.  For each arm: the server's TTFT, tokens prefilled into
 the target, tokens reused and where they came from (a resident session, the tier, a
 checkpoint), the time and bytes of reading them back; with the tier's bytes and the server's
 RSS.  Each backend's cold run is the dense recompute the others are compared with, measured
 in the same run.  Not here yet: HAProxy in front of the replicas (neither the tier nor the
-takeover depends on it; tests/integration/test_takeover_kv.py runs it), and llama-server as
-a peer.
+takeover depends on it; tests/integration/test_takeover_kv.py runs it).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import httpx
 import orjson
 
 from bench.common import bench_engine, free_port, progress, write_result
-from bench.serving import metric, redis_server, rss_mb, server, specgate_cmd
+from bench.serving import metric, native_server_cmd, redis_server, rss_mb, server, specgate_cmd
 from core.config import EngineConfig
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests/fixtures/clients/claude_code_first.json"
@@ -106,7 +112,8 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
         redis = Arms(engine, f"redis://127.0.0.1:{rport}/1", "redis", rport, logs)
         redis_arms(redis)
         redis_bytes = redis_used(rport)
-    return summarize(folder.rows + redis.rows, tier, redis_bytes, out, engine)
+    peer = llama_server_arms(engine, logs)
+    return summarize(folder.rows + redis.rows + peer, tier, redis_bytes, out, engine)
 
 
 def directory_arms(a: Arms) -> None:
@@ -139,6 +146,47 @@ def first_and_replica(a: Arms) -> None:
         second, second_log, second_pids = a.serve("replica")
         with second as base2:
             a.ask(base2, second_log, second_pids[0], "replica", body(TASKS[2]))
+
+
+def llama_server_arms(engine: EngineConfig, logs: Path) -> list[dict[str, Any]]:
+    """cold and sibling on one llama-server, then restarted on a new process."""
+    rows: list[dict[str, Any]] = []
+    for name, arms in (("first", (("cold", TASKS[0]), ("sibling", TASKS[1]))),
+                       ("restarted", (("restarted", TASKS[3]),))):
+        port, pids, log = free_port(), list[int](), logs / f"agent_scale_llama_server_{name}.log"
+        cmd = native_server_cmd(port, engine, slots=1) + ["--cache-reuse", "256"]
+        with server(cmd, port, log, pids) as base:
+            for arm, task in arms:
+                progress(f"agent_scale: llama_server {arm}")
+                rows.append(streamed_row(base, arm, {**body(task), "stream": True}, log, pids[0]))
+    return rows
+
+
+def streamed_row(base: str, arm: str, doc: dict[str, Any], log: Path, pid: int) -> dict[str, Any]:
+    """One streamed Messages request to llama-server: the wait for its first content delta,
+    and its ``usage`` (sent with ``message_start``, once the prompt is processed)."""
+    t0 = time.perf_counter()
+    ttft_ms, usage = 0.0, dict[str, int]()
+    with httpx.stream("POST", base + "/v1/messages", json=doc, timeout=3600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = orjson.loads(line[5:])
+            if event.get("type") == "message_start":
+                usage = event["message"]["usage"]
+            elif event.get("type") == "content_block_delta" and not ttft_ms:
+                ttft_ms = (time.perf_counter() - t0) * 1e3
+    cached, prefilled = usage["cache_read_input_tokens"], usage["input_tokens"]
+    return {"arm": arm, "backend": "llama_server", "wall_s": round(time.perf_counter() - t0, 1),
+            "rss_mb": round(rss_mb(pid), 1), "context_n": cached + prefilled, "cache_n": cached,
+            "prompt_n": prefilled, "prompt_ms": prompt_eval_ms(log), "ttft_ms": round(ttft_ms, 2)}
+
+
+def prompt_eval_ms(log: Path) -> float:
+    """llama-server's last ``prompt eval time = X ms`` line."""
+    lines = [x for x in log.read_text(errors="replace").splitlines() if "prompt eval time" in x]
+    return float(lines[-1].split("=")[1].split("ms")[0]) if lines else 0.0
 
 
 def redis_used(port: int) -> int:

@@ -215,9 +215,11 @@ def clients(r: Run) -> Any:
 
 
 def agent_scale(r: Run) -> Any:
-    from bench import agent_scale
+    from bench import agent_scale, plots
 
-    return agent_scale.run(r.engine, r.path("agent_scale"))
+    s = agent_scale.run(r.engine, r.path("agent_scale"))
+    plots.agent_scale(s, r.path("agent_scale", "png"))
+    return s
 
 
 def coding_agents(r: Run) -> Any:
@@ -227,9 +229,11 @@ def coding_agents(r: Run) -> Any:
 
 
 def depth(r: Run) -> Any:
-    from bench import depth
+    from bench import depth, plots
 
-    return depth.run(r.engine, r.path("depth"))
+    s = depth.run(r.engine, r.path("depth"))
+    plots.depth(s, r.path("depth", "png"))
+    return s
 
 
 REGISTRY: dict[str, Callable[[Run], Any]] = {

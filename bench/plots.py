@@ -258,6 +258,54 @@ def stateless(summary: dict[str, Any], out: Path) -> None:
     _save(fig, out)
 
 
+def agent_scale(summary: dict[str, Any], out: Path) -> None:
+    """TTFT of each arm of ``bench agent_scale``, by backend, with the share of the prompt reused."""
+    arms = [k for k in summary if "/" in k]
+    colors = {"directory": "tab:blue", "redis": "tab:red", "llama_server": "tab:grey"}
+    fig, ax = plt.subplots(figsize=(10, 4.4))
+    ttft = [summary[k]["ttft_s"] for k in arms]
+    ax.bar(range(len(arms)), ttft, color=[colors.get(k.split("/")[0], "tab:green") for k in arms])
+    for i, k in enumerate(arms):
+        s = summary[k]
+        note = f"{s['ttft_s']:.1f} s\n{100 * s['cached_share']:.0f}% reused"
+        if s.get("load_s") is not None:
+            note += f"\nload {s['load_s']:.1f} s"
+        ax.annotate(note, (i, ttft[i]), ha="center", textcoords="offset points", xytext=(0, 3), fontsize=7)
+    ax.set_xticks(range(len(arms)))
+    ax.set_xticklabels([k.replace("/", "\n") for k in arms], fontsize=7)
+    ax.set_ylim(0, max(ttft) * 1.3)
+    ax.set_ylabel("TTFT (s)")
+    ax.set_title("A Claude Code-sized prefix (~11.8K tokens) once computed: SpecGate's KV tier "
+                 "(directory, Redis) and llama-server, 2 CPU cores", fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    _save(fig, out)
+
+
+def depth(summary: dict[str, Any], out: Path) -> None:
+    """``bench depth``: TTFT per turn, default against dense, and decode speed per mode at depth."""
+    turns = summary["turns"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [3, 1]})
+    x = np.arange(len(turns))
+    for k, (arm, color) in enumerate((("default", "tab:blue"), ("dense", "tab:grey"))):
+        ax.bar(x + 0.4 * k, [t["ttft_s"][arm] for t in turns], 0.4, label=arm, color=color)
+    for i, t in enumerate(turns):
+        ax.annotate(f"{t['speedup']:.2f}x\n{t['status']}", (i, t["ttft_s"]["default"]), ha="center",
+                    textcoords="offset points", xytext=(0, 3), fontsize=7)
+    ax.set_xticks(x + 0.2)
+    ax.set_xticklabels([f"turn {t['turn']}\n{t['depth'] / 1e3:.1f}K deep" for t in turns], fontsize=8)
+    ax.set_ylabel("TTFT (s)")
+    ax.legend(fontsize=8)
+    ax.set_title("Tool turns deep in a Claude Code-sized context", fontsize=9)
+    modes = {m: v for m, v in summary["decode_tok_s_at_depth"].items()}
+    bx.bar(list(modes), [v or 0 for v in modes.values()], color="tab:green")
+    for i, v in enumerate(modes.values()):
+        bx.annotate("n/a" if v is None else f"{v:.1f}", (i, v or 0), ha="center", textcoords="offset points",
+                    xytext=(0, 3), fontsize=7)
+    bx.set_ylabel("decode tokens/s")
+    bx.set_title(f"Decoding at {summary['decode_depth'] / 1e3:.1f}K", fontsize=9)
+    _save(fig, out)
+
+
 def _finish(fig: Any, ax: Any, out: Path, xlabel: str, ylabel: str, title: str,
             legend_size: int | None = None) -> None:
     ax.set_xlabel(xlabel)

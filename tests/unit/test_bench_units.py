@@ -187,3 +187,17 @@ def test_coding_agents_reads_the_requests_a_replica_served(tmp_path):
     assert mark == 4 and rows[0]["route"] == "/v1/messages" and rows[0]["cache_n"] == 90
     assert rows[1] == {"refused": {"path": "/v1/messages", "status": 409, "code": "session_busy", "error": "busy"}}
     assert served(log, mark) == ([], 4)
+
+
+def test_llama_server_prompt_eval_is_read_from_its_last_timing_line(tmp_path):
+    from bench.agent_scale import prompt_eval_ms
+
+    log = tmp_path / "llama_server.log"
+    log.write_text("0.05.1 I slot print_timing: id  0 | task 0 | prompt eval time =  161368.03 ms / 11839 tokens "
+                   "(   13.63 ms per token,    73.37 tokens per second)\n"
+                   "1.00.2 I slot print_timing: id  0 | task 9 | prompt eval time =   57012.50 ms /  2191 tokens "
+                   "(   26.02 ms per token,    38.43 tokens per second)\n"
+                   "1.00.2 I slot print_timing: id  0 | task 9 |        eval time =     801.00 ms /     8 tokens\n")
+    assert prompt_eval_ms(log) == 57012.50
+    log.write_text("no timings yet\n")
+    assert prompt_eval_ms(log) == 0.0
