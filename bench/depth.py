@@ -19,7 +19,8 @@ the idle gap before the turn, and the bench's checks on the reply: a tool call t
 accept, or an answer naming the alarmed unit.  The 1.5B target is a weak agent: the checks
 say whether the default policy answers as dense does, not whether either is right.  After
 the default conversation's last turn, that request again (its prompt all cached) decoded in
-each mode: plain, speculative and SpecAttn, at ~20K depth.
+each mode: plain, speculative and SpecAttn, at ~20K depth, then with no mode named, on a server
+started with ``--decode-auto``: the mode it picks from those measurements.
 """
 
 from __future__ import annotations
@@ -139,12 +140,14 @@ def conversation(http: httpx.Client, base: str, log: Path, pid: int, arm: str,
     return rows, doc
 
 
-MODES: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("plain", {}), ("speculative", {"speculative": True}), ("specattn", {"specattn": True}))
+MODES: tuple[tuple[str, dict[str, Any]], ...] = (  # last: no mode named, the server picks (--decode-auto)
+    ("plain", {"speculative": False}), ("speculative", {"speculative": True}), ("specattn", {"specattn": True}),
+    ("auto", {}))
 
 
 def decode_modes(http: httpx.Client, log: Path, doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The last tool turn's request again, its prompt all cached, decoded 64 tokens in each mode."""
+    """The last tool turn's request again, its prompt all cached, decoded 64 tokens in each mode,
+    then with no mode named: what ``--decode-auto`` picks from those measurements."""
     rows = []
     for mode, extra in MODES:
         progress(f"depth: decoding at depth, {mode}")
@@ -165,7 +168,7 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / "depth.log"
     port, pids = free_port(), list[int]()
-    with server(specgate_cmd(port, engine, log_level="info"), port, log, pids) as base, \
+    with server(specgate_cmd(port, engine, log_level="info", decode_auto="true"), port, log, pids) as base, \
             httpx.Client(base_url=base, timeout=3600) as http:
         warm = []
         for task in ("Warm-up: say hello.", "Warm-up: say hi."):

@@ -301,6 +301,7 @@ def depth(summary: dict[str, Any], out: Path) -> None:
     for i, v in enumerate(modes.values()):
         bx.annotate("n/a" if v is None else f"{v:.1f}", (i, v or 0), ha="center", textcoords="offset points",
                     xytext=(0, 3), fontsize=7)
+    bx.tick_params(axis="x", labelsize=7)
     bx.set_ylabel("decode tokens/s")
     bx.set_title(f"Decoding at {summary['decode_depth'] / 1e3:.1f}K", fontsize=9)
     _save(fig, out)

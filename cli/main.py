@@ -39,6 +39,8 @@ HELP = {
     "specattn": "speculative decoding with SpecAttn sparse verification (implies speculative)",
     "gamma": "tokens drafted per speculative round",
     "specattn_p": "SpecAttn: attention mass the verify view keeps (top-p)",
+    "decode_auto": "a turn that asks for no decoding mode takes the one measured fastest at its depth "
+                   "(plain until another mode has been measured faster here)",
     "redis_url": "redis://host:port/db for session metadata (empty = in-process store)",
     "kv_budget_mb": "RAM budget for saved session KV; LRU sessions are evicted past it",
     "prefix_min_tokens": "cache the KV of system prompts this long for new sessions of the same key (0 = off)",

@@ -24,6 +24,7 @@ from core.config import EngineConfig, check_kv_type
 from core.decoding import layer_map
 from core.decoding.decode import Generation, OnText, generate
 from core.decoding.guided import Guide
+from core.decoding.mode_speeds import ModeSpeeds
 from core.decoding.specattn import SparseVerify, layer_weights
 from core.decoding.speculative import SpeculativeDecoder
 from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong
@@ -96,6 +97,7 @@ class Engine:
         self.chat = ChatTemplate(self.target)
         self.layer_map = layer_map.load(self.target, self.speculator, config.layer_map)
         self.costs = Costs()
+        self.mode_speeds = ModeSpeeds()
         for ctx, cost in ((self.target_ctx, self.costs.target), (self.speculator_ctx, self.costs.speculator)):
             if not ctx.private_cells:  # slots may share prefix cells, which a saved state would un-share
                 cost.move_s_per_cell = math.inf
@@ -213,6 +215,7 @@ class Engine:
         the delta against the session's tokens is prefilled; without it, the slot is
         emptied first."""
         self.check_prompt(prompt)
+        params = self._pick_decoding(params, len(prompt))
         if params.decoding.mode is DecodeMode.SPECATTN and self.target_ctx.view_seq < 0:
             raise InvalidRequest("specattn needs a unified KV cache: start the server with --kv-layout unified "
                                  "(or --slots 1)")
@@ -263,6 +266,20 @@ class Engine:
             t.speculator_deferred_n = len(context) - common_prefix(kv.speculator.tokens, context)
         return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q, gen.stop_sequence)
 
+    def _pick_decoding(self, params: TurnParams, depth: int) -> TurnParams:
+        """``decode_auto``: a turn that asks for no mode decodes in the one measured fastest at its depth."""
+        policy = params.decoding
+        if not policy.decode_auto or policy.mode is not DecodeMode.PLAIN:
+            return params
+        modes = [DecodeMode.SPECULATIVE] if self.config.scorer_drafts else []
+        if modes and self.target_ctx.view_seq >= 0:
+            modes.append(DecodeMode.SPECATTN)
+        mode = self.mode_speeds.pick(depth, modes)
+        if mode is DecodeMode.PLAIN:
+            return params
+        return dataclasses.replace(params, decoding=dataclasses.replace(
+            policy, speculative=True, specattn=mode is DecodeMode.SPECATTN))
+
     def prefill_and_decode(self, kv_all: SessionKV, delta: tuple[int, ...], kept: np.ndarray,
                            params: TurnParams, on_text: OnText | None, t: Timings,
                            prompt: tuple[int, ...], slot: int = 0) -> TurnSteps[Generation]:
@@ -287,6 +304,8 @@ class Engine:
         if constraint := params.sampling.constraint:
             t.constraint, t.grammar_ms, t.mask_ms = constraint.kind, gen.grammar_ms, gen.mask_ms
         kv.extend(gen.tokens[: gen.n_decoded], range(n_past, n_past + gen.n_decoded))
+        self.mode_speeds.observe(params.decoding.mode, n_past, len(gen.tokens), gen.decode_s)
+        t.decode_auto = params.decoding.decode_auto
         t.predicted_ms = gen.decode_s * 1e3
         t.predicted_n = len(gen.tokens)
         return gen

@@ -146,6 +146,8 @@ class DecodingPolicy:
     specattn: bool = False  # implies speculative
     gamma: int = 4
     specattn_p: float = 0.95
+    # turns that ask for no mode take the one measured fastest at their depth (core.decoding.mode_speeds)
+    decode_auto: bool = False
 
     def __post_init__(self) -> None:
         _require(1 <= self.gamma <= 16, f"gamma must be in [1, 16], got {self.gamma}")

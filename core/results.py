@@ -84,6 +84,7 @@ class Timings:
     prefix_ms: float = 0.0  # copying, restoring or building it (part of the TTFT)
     prefix_bytes: int = 0  # KV bytes read back to restore it (ram, tier, checkpoint)
     decode_mode: str = DecodeMode.PLAIN.value
+    decode_auto: bool = False  # the mode was picked by measured speed at this depth (--decode-auto)
     constraint: str = ""  # what the reply was held to (core.constraints kinds); "" when free
     grammar_ms: float = 0.0
     mask_ms: float = 0.0
@@ -120,6 +121,8 @@ class Timings:
             "kv_rebuilt": self.kv_rebuilt, "prefix_shared_n": self.prefix_shared_n,
             "prefix_built_n": self.prefix_built_n, "decode_mode": self.decode_mode, "max_tokens": self.max_tokens,
         }
+        if self.decode_auto:
+            out["decode_auto"] = True
         if self.prefix_source:
             out.update({"prefix_source": self.prefix_source, "prefix_ms": round(self.prefix_ms, 2),
                         "prefix_bytes": self.prefix_bytes})

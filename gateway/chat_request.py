@@ -117,12 +117,13 @@ def _bounded(name: str, value: Any, kind: type, lo: Any, hi: Any) -> None:
 
 def parse_decoding(base: DecodingPolicy, body: dict[str, Any]) -> DecodingPolicy:
     """``speculative``: a boolean or {"gamma": int}; ``specattn``: a boolean or
-    {"p": number, "gamma": int} (SpecAttn implies speculative decoding)."""
+    {"p": number, "gamma": int} (SpecAttn implies speculative decoding).  ``"speculative": false``
+    asks for plain decoding, also on a ``--decode-auto`` server."""
     policy = base
     for key, fields_ in (("speculative", {"gamma"}), ("specattn", {"gamma", "p"})):
         raw = body.get(key)
         if raw is None or isinstance(raw, bool):
-            policy = override(policy, **{key: raw})
+            policy = override(policy, **{key: raw}, **({"decode_auto": False} if raw is False else {}))
             continue
         if not isinstance(raw, dict):
             raise InvalidRequest(f"'{key}' must be a boolean or an object")

@@ -261,3 +261,29 @@ def test_speculative_decoding_on_a_mirrored_draft_equals_plain_decoding(smol_pai
     assert speculative.tokens == plain.tokens
     t = speculative.timings.speculative
     assert t.n_drafted > 0 and t.cells_attended == t.cells_total
+
+
+def test_decode_auto_takes_the_mode_measured_faster_at_the_depth(smol_pair_engine):
+    """``decode_auto``: plain until another mode has measured faster; then that mode, which
+    gives plain's greedy tokens.  Every decode of a long enough reply is a measurement."""
+    from core.decoding.mode_speeds import ModeSpeeds
+    from core.policies import DecodeMode
+
+    auto, greedy, saved = policy(enabled=False, decode_auto=True), SamplingParams(max_tokens=48), \
+        smol_pair_engine.mode_speeds
+    smol_pair_engine.mode_speeds = ModeSpeeds()
+    try:
+        first = run(smol_pair_engine, STORY, auto, greedy)
+        assert first.timings.decode_mode == "plain" and first.timings.decode_auto
+        assert first.timings.to_json()["decode_auto"] is True
+        [(depth, _)] = smol_pair_engine.mode_speeds.samples[DecodeMode.PLAIN]  # that plain decode, measured
+        assert depth == first.timings.context_n
+        smol_pair_engine.mode_speeds.observe(DecodeMode.SPECULATIVE, depth, 64, 1e-3)  # as if speculating were fast
+        second = run(smol_pair_engine, STORY, auto, greedy)
+        assert second.timings.decode_mode == "speculative" and second.tokens == first.tokens
+        assert second.timings.speculative.n_drafted > 0
+        # a request that names a mode gets it, measured or not
+        explicit = run(smol_pair_engine, STORY, policy(enabled=False, decode_auto=True, specattn=True), greedy)
+        assert explicit.timings.decode_mode == "specattn"
+    finally:
+        smol_pair_engine.mode_speeds = saved

@@ -194,3 +194,14 @@ def test_decoding_extensions_reach_the_turn_on_every_protocol(route):
     assert sparse.mode.value == "specattn" and sparse.specattn_p == 0.9
     with pytest.raises(ConfigError, match="gamma"):  # a 400 invalid_parameter, as on Chat Completions
         parse_with({"speculative": {"gamma": 99}})
+
+
+def test_speculative_false_asks_for_plain_decoding_on_a_decode_auto_server():
+    from core.loader import override
+    from core.policies import DecodingPolicy
+
+    auto = override(DecodingPolicy(), decode_auto=True)
+    assert chat_request.parse_decoding(auto, {}).decode_auto  # no mode named: the server picks
+    assert chat_request.parse_decoding(auto, {"speculative": True}).mode.value == "speculative"
+    plain = chat_request.parse_decoding(auto, {"speculative": False})
+    assert plain.mode.value == "plain" and not plain.decode_auto
