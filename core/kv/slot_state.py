@@ -4,11 +4,16 @@ or from a shared prefix's saved state (the prefix cache)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from core.errors import EngineError
 from core.kv.positions import SessionKV, dense_prefix, speculator_backlog
+from core.kv.rope import rotate
+from core.llama import seq_cells
 from core.llama.context import Context
 from core.specprefill.cost_model import Costs
 from core.steps import Tokens, TurnSteps
@@ -128,3 +133,27 @@ class SlotKV:
                     ctx.seq(slot).remove_from(len(tokens))
                 state.extend(tokens, range(len(tokens)))
         return True
+
+    def splice(self, slot: int, donor_slot: int, src: int, dst: int, n: int) -> int:
+        """Append to the target's sequence in ``slot`` the ``n`` cells the sequence in
+        ``donor_slot`` holds at positions [src, src + n), moved to [dst, dst + n) with their K
+        rotated for the move (core.kv.rope): a run of another conversation's KV reused at
+        another position, without a K-shift of the whole context.  Returns the bytes moved.
+        The cells keep what they attended to where they were computed: an approximation
+        (llama-server's ``--cache-reuse`` makes the same one), exact in their own run."""
+        rope = self.target_ctx.model.rope()
+        if rope is None:
+            raise EngineError("this model's rotary embedding cannot be applied again to saved K")
+        seq, donor = self.target_ctx.seq(slot), self.target_ctx.seq(donor_slot)
+        theirs = seq_cells.parse(donor.save(), donor.id)
+        at = np.flatnonzero((theirs.positions >= src) & (theirs.positions < src + n))
+        at = at[np.argsort(theirs.positions[at])]
+        if not np.array_equal(theirs.positions[at], np.arange(src, src + n)):
+            raise EngineError(f"the donor does not hold every position in [{src}, {src + n})")
+        run = theirs.take(at)
+        k = tuple(seq_cells.from_rows(rotate(seq_cells.k_rows(rows, kind), dst - src, rope), kind)
+                  for rows, kind in zip(run.k, run.k_types, strict=True))
+        mine = seq_cells.parse(seq.save(), seq.id)
+        seq.load(seq_cells.write(mine.join(dataclasses.replace(
+            run, positions=np.arange(dst, dst + n, dtype=np.int32), k=k))))
+        return sum(x.nbytes for x in (*run.k, *run.v))

@@ -1,0 +1,131 @@
+"""A saved sequence's cells as arrays: taken apart, cut, joined and written back (pure numpy).
+
+The blob is ``llama_state_seq_get_data``'s (llama.cpp as vendored by llama-cpp-python
+0.3.36; core.llama.seq_state describes the header and cell rows).  After the cell rows
+comes the data: ``u32 v_trans, u32 n_layer``; per layer ``i32 k_type, u64 k_row_bytes``
+and the cells' K rows; then per layer ``i32 v_type, u64 v_row_bytes`` and V rows, or,
+with V transposed (flash attention off), ``i32 v_type, u32 v_elem_bytes, u32 n_embd_v``
+and for each V dimension its value in every cell.  One sequence, one stream, one sequence
+id per cell; anything else raises :class:`EngineError` and the caller does without.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from core.errors import EngineError
+from core.llama.seq_state import MAGIC
+
+F32, F16 = 0, 1  # ggml types whose K rows core.kv.rope can rotate
+
+
+@dataclass(slots=True, frozen=True)
+class Cells:
+    seq_id: int
+    n_stream: int
+    stream: int  # whose count is not zero
+    positions: np.ndarray  # int32, one per cell, in cell order
+    k_types: tuple[int, ...]
+    k: tuple[np.ndarray, ...]  # per layer: uint8 (cells, row bytes)
+    v_trans: bool
+    v_types: tuple[int, ...]
+    v: tuple[np.ndarray, ...]  # per layer: uint8 (cells, row bytes), or transposed (n_embd, cells, elem bytes)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def take(self, index: np.ndarray) -> Cells:
+        """The cells at ``index`` (cell order), in that order."""
+        return replace(self, positions=self.positions[index], k=tuple(k[index] for k in self.k),
+                       v=tuple(v[:, index] if self.v_trans else v[index] for v in self.v))
+
+    def join(self, other: Cells) -> Cells:
+        """These cells, then ``other``'s (same model and cache types)."""
+        if (self.k_types, self.v_types, self.v_trans) != (other.k_types, other.v_types, other.v_trans):
+            raise EngineError("saved KV cells of different cache types cannot be joined")
+        axis = 1 if self.v_trans else 0
+        return replace(self, positions=np.concatenate([self.positions, other.positions]),
+                       k=tuple(np.concatenate(p) for p in zip(self.k, other.k, strict=True)),
+                       v=tuple(np.concatenate(p, axis=axis) for p in zip(self.v, other.v, strict=True)))
+
+
+class _Reader:
+    def __init__(self, blob: bytes) -> None:
+        self.buf, self.at = np.frombuffer(blob, dtype=np.uint8), 0
+
+    def take(self, n: int) -> np.ndarray:
+        if self.at + n > len(self.buf):
+            raise EngineError("a saved KV sequence ends early")
+        out = self.buf[self.at:self.at + n]
+        self.at += n
+        return out
+
+    def u32(self) -> int:
+        return int(self.take(4).view("<u4")[0])
+
+    def u64(self) -> int:
+        return int(self.take(8).view("<u8")[0])
+
+
+def parse(blob: bytes, seq_id: int) -> Cells:
+    r = _Reader(blob)
+    if r.u32() != MAGIC or r.u32() != seq_id & 0xFFFFFFFF:
+        raise EngineError("not a saved KV sequence of the expected layout")
+    n_stream = r.u32()
+    counts = []
+    for _ in range(n_stream):
+        counts.append(r.u32())
+        if counts[-1]:
+            break
+    stream, count = len(counts) - 1, counts[-1]
+    meta = r.take(12 * count).view("<i4").reshape(count, 3)
+    if (meta[:, 1] != 1).any() or (meta[:, 2] != seq_id).any():
+        raise EngineError("a saved KV sequence's cells are not laid out as expected")
+    v_trans, n_layer = r.u32(), r.u32()
+    k_types, k = list[int](), list[np.ndarray]()
+    for _ in range(n_layer):
+        k_types.append(r.u32())
+        row = r.u64()
+        k.append(r.take(count * row).reshape(count, row))
+    v_types, v = list[int](), list[np.ndarray]()
+    for _ in range(n_layer):
+        v_types.append(r.u32())
+        if v_trans:
+            elem, n_embd = r.u32(), r.u32()
+            v.append(r.take(n_embd * count * elem).reshape(n_embd, count, elem))
+        else:
+            row = r.u64()
+            v.append(r.take(count * row).reshape(count, row))
+    if any(r.u32() for _ in range(n_stream - 1 - stream)) or r.at != len(r.buf):
+        raise EngineError("a saved KV sequence spans more than one stream")
+    return Cells(seq_id, n_stream, stream, meta[:, 0].copy(), tuple(k_types), tuple(k), bool(v_trans),
+                 tuple(v_types), tuple(v))
+
+
+def write(cells: Cells) -> bytes:
+    n = len(cells)
+    out = [np.array([MAGIC, cells.seq_id & 0xFFFFFFFF, cells.n_stream], dtype="<u4").tobytes(),
+           b"\0\0\0\0" * cells.stream, np.array([n], dtype="<u4").tobytes()]
+    if n:
+        meta = np.stack([cells.positions, np.ones(n, np.int32), np.full(n, cells.seq_id, np.int32)], axis=1)
+        out += [meta.astype("<i4").tobytes(), np.array([cells.v_trans, len(cells.k)], dtype="<u4").tobytes()]
+        for t, k in zip(cells.k_types, cells.k, strict=True):
+            out += [np.array([t], "<u4").tobytes(), np.array([k.shape[1]], "<u8").tobytes(), k.tobytes()]
+        for t, v in zip(cells.v_types, cells.v, strict=True):
+            size = np.array([v.shape[2], v.shape[0]], "<u4") if cells.v_trans else np.array([v.shape[1]], "<u8")
+            out += [np.array([t], "<u4").tobytes(), size.tobytes(), v.tobytes()]
+    out.append(b"\0\0\0\0" * (cells.n_stream - 1 - cells.stream))
+    return b"".join(out)
+
+
+def k_rows(k: np.ndarray, k_type: int) -> np.ndarray:
+    """A layer's K rows as floats (F32 or F16 caches only)."""
+    if k_type not in (F32, F16):
+        raise EngineError(f"cannot move K cells of ggml type {k_type} (f16 or f32 only)")
+    return k.view("<f4" if k_type == F32 else "<f2")
+
+
+def from_rows(rows: np.ndarray, k_type: int) -> np.ndarray:
+    return np.ascontiguousarray(rows.astype("<f4" if k_type == F32 else "<f2")).view(np.uint8)

@@ -1,0 +1,81 @@
+"""A run of saved KV cells moved to another position (core.kv.rope, core.llama.seq_cells,
+SlotKV.splice), checked against llama.cpp's own K-shift on real models: NEOX (the Qwen-derived
+tiny target) and NORM (SmolLM2) rotary layouts, V stored plain and transposed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.errors import EngineError
+from core.kv.slot_state import SlotKV
+from core.llama import seq_cells
+from core.llama.context import Context
+from core.llama.model import Model
+from core.specprefill.cost_model import Costs
+
+X = list(range(200, 240))  # a shared start
+Z = list(range(900, 930))  # the run that moves
+D = 17  # positions it moves by
+
+
+@pytest.fixture(params=["tiny_target", "small_model"])
+def model(request):
+    m = Model(str(request.getfixturevalue(request.param)))
+    yield m
+    m.close()
+
+
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["v-rows", "v-transposed"])
+def test_a_moved_run_attends_as_llama_cpps_k_shift_makes_it(model, flash_attn):
+    ctx = Context(model, n_ctx=512, n_batch=128, n_ubatch=128, n_threads=2, flash_attn=flash_attn, n_seq=3)
+    try:
+        kv = SlotKV(ctx, ctx, Costs(), lambda n: 1)
+        src, ref, mine = ctx.seq(0), ctx.seq(1), ctx.seq(2)
+        for seq in (src, ref):
+            seq.decode(X + Z, 0, logits_last=False)
+        mine.decode(X, 0, logits_last=False)
+        moved = kv.splice(mine.id, src.id, len(X), len(X) + D, len(Z))
+        assert moved > 0 and mine.pos_max() == len(X) + D + len(Z) - 1
+        cells = seq_cells.parse(mine.save(), mine.id)
+        assert cells.v_trans is not flash_attn
+        assert sorted(cells.positions.tolist()) == [*range(len(X)), *range(len(X) + D, len(X) + D + len(Z))]
+        ref.shift(len(X), len(X) + len(Z), D)  # llama.cpp re-rotates K on the next decode
+        probe = len(X) + D + len(Z)
+        ref.decode([42], probe)
+        want = ref.logits().copy()
+        mine.decode([42], probe)
+        got = mine.logits().copy()
+        assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+        # the labels moved without the rotation: the test would see it
+        src.decode([42], len(X) + len(Z))
+        stale = seq_cells.parse(src.save(), src.id)
+        assert np.array_equal(np.sort(stale.positions), np.arange(len(X) + len(Z) + 1))
+        mine.clear()
+        mine.decode(X, 0, logits_last=False)
+        unrotated = seq_cells.parse(src.save(), src.id)
+        run = unrotated.take(np.flatnonzero((unrotated.positions >= len(X)) & (unrotated.positions < probe - D)))
+        import dataclasses
+
+        base = seq_cells.parse(mine.save(), mine.id)
+        mine.load(seq_cells.write(base.join(dataclasses.replace(
+            run, positions=run.positions + D))))
+        mine.decode([42], probe)
+        assert np.abs(mine.logits() - want).max() > 0.05 * np.abs(want).max()
+    finally:
+        ctx.close()
+
+
+def test_a_run_the_donor_does_not_hold_whole_is_refused(tiny_target):
+    model = Model(str(tiny_target))
+    ctx = Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, flash_attn=True, n_seq=2)
+    try:
+        kv = SlotKV(ctx, ctx, Costs(), lambda n: 1)
+        ctx.seq(0).decode(X, 0, logits_last=False)
+        ctx.seq(1).decode(X[:8], 0, logits_last=False)
+        with pytest.raises(EngineError, match="every position"):
+            kv.splice(1, 0, 30, 40, 20)  # positions 40..49 are not there
+        assert ctx.seq(1).pos_max() == 7  # left as it was
+    finally:
+        ctx.close()
+        model.close()
