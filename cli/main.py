@@ -44,6 +44,9 @@ HELP = {
     "redis_url": "redis://host:port/db for session metadata (empty = in-process store)",
     "kv_budget_mb": "RAM budget for saved session KV; LRU sessions are evicted past it",
     "prefix_min_tokens": "cache the KV of system prompts this long for new sessions of the same key (0 = off)",
+    "splice_min_tokens": "past the prefix a new conversation shares with an idle one of the same key, reuse a run "
+                         "of at least this many tokens that both hold at different positions (its K rotated into "
+                         "place; 0 = off)",
     "implicit_sessions": "requests that name no session continue the held conversation their tokens match",
     "implicit_min_share": "share of a prompt such a match must cover to be reused",
     "kv_spill_dir": "spill evicted session KV here instead of dropping it",

@@ -83,6 +83,7 @@ class Timings:
     prefix_source: str = ""  # where a shared prefix came from: resident, ram, tier, checkpoint, built ("": none)
     prefix_ms: float = 0.0  # copying, restoring or building it (part of the TTFT)
     prefix_bytes: int = 0  # KV bytes read back to restore it (ram, tier, checkpoint)
+    prefix_spliced_n: int = 0  # of prefix_shared_n, tokens moved in from where a sibling conversation holds them
     decode_mode: str = DecodeMode.PLAIN.value
     decode_auto: bool = False  # the mode was picked by measured speed at this depth (--decode-auto)
     constraint: str = ""  # what the reply was held to (core.constraints kinds); "" when free
@@ -125,7 +126,7 @@ class Timings:
             out["decode_auto"] = True
         if self.prefix_source:
             out.update({"prefix_source": self.prefix_source, "prefix_ms": round(self.prefix_ms, 2),
-                        "prefix_bytes": self.prefix_bytes})
+                        "prefix_bytes": self.prefix_bytes, "prefix_spliced_n": self.prefix_spliced_n})
         if self.max_tokens_asked:
             out["max_tokens_asked"] = self.max_tokens_asked
         if self.constraint:

@@ -75,7 +75,7 @@ def layer_settings(config: ServeConfig, replica_id: str) -> LayerSettings:
                          kv_spill_max_mb=gw.kv_spill_max_mb, kv_tier_dir=tier_dir(gw.kv_tier_dir),
                          kv_tier_max_mb=gw.kv_tier_max_mb, catch_up_tokens=gw.catch_up_tokens,
                          kv_checkpoint_tokens=gw.kv_checkpoint_tokens,
-                         prefix_min_tokens=gw.prefix_min_tokens,
+                         prefix_min_tokens=gw.prefix_min_tokens, splice_min_tokens=gw.splice_min_tokens,
                          implicit_min_share=gw.implicit_min_share, close_timeout_s=min(5.0, gw.drain_timeout_s),
                          limits=gw.limits)
 

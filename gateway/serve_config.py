@@ -23,6 +23,7 @@ class GatewayConfig:
     auto_create_sessions: bool = True  # an unknown X-SpecGate-Session on a chat request creates the session
     kv_budget_mb: int = 2048
     prefix_min_tokens: int = 256  # a system prompt this long is cached for new sessions (0 = no prefix cache)
+    splice_min_tokens: int = 256  # a run this long a sibling holds past the shared prefix is moved in (0: off)
     implicit_sessions: bool = True  # a request naming no session continues the held conversation its tokens match
     implicit_min_share: float = 0.5  # ... when the match covers at least this share of its prompt
     kv_spill_dir: str = ""
@@ -51,6 +52,7 @@ class GatewayConfig:
         _require(self.session_ttl_s >= 1, "session_ttl_s must be >= 1")
         _require(self.kv_budget_mb >= 0, "kv_budget_mb must be >= 0")
         _require(self.prefix_min_tokens >= 0, "prefix_min_tokens must be >= 0")
+        _require(self.splice_min_tokens == 0 or self.splice_min_tokens >= 16, "splice_min_tokens must be 0 or >= 16")
         _require(0.0 < self.implicit_min_share <= 1.0, "implicit_min_share must be in (0, 1]")
         _require(self.max_queue >= 1, "max_queue must be >= 1")
         _require(self.max_body_mb >= 1, "max_body_mb must be >= 1")

@@ -46,6 +46,7 @@ class LayerSettings:
     catch_up_tokens: int = 256  # 0: no idle catch-up
     kv_checkpoint_tokens: int = 1024  # 0: no session checkpoints in the tier
     prefix_min_tokens: int = 256
+    splice_min_tokens: int = 0
     implicit_min_share: float = 0.5
     close_timeout_s: float = 5.0  # what the writer gets to flush on close
     limits: Limits = Limits()
@@ -83,7 +84,8 @@ async def open_layer(engine: EngineConfig, s: LayerSettings) -> AsyncIterator[Se
             stack.callback(tier.close)  # before the models close: a write under way lands
             log.info("kv_tier_opened", where=tier.where, max_mb=s.kv_tier_max_mb)
         manager = SessionManager(worker, store, parked, admission, writer, s.limits, s.session_ttl_s, registry,
-                                 s.prefix_min_tokens, s.implicit_min_share, tier, s.kv_checkpoint_tokens)
+                                 s.prefix_min_tokens, s.implicit_min_share, tier, s.kv_checkpoint_tokens,
+                                 s.splice_min_tokens)
         if s.catch_up_tokens or manager.residency.checkpoints is not None:  # scorers caught up, sessions saved
             worker.idle = lambda engine: manager.residency.idle(engine, s.catch_up_tokens)
         admission.start()

@@ -63,7 +63,7 @@ class SessionManager:
                  writer: StoreWriter, limits: Limits = DEFAULT_LIMITS, ttl_s: float = 86400,
                  registry: Registry | None = None, prefix_min_tokens: int = 256,
                  implicit_min_share: float = 0.5, tier: KVTier | None = None,
-                 checkpoint_tokens: int = 0) -> None:
+                 checkpoint_tokens: int = 0, splice_min_tokens: int = 0) -> None:
         self.worker = worker
         self.store = store
         self.parked = parked
@@ -74,7 +74,8 @@ class SessionManager:
         self.registry: Registry = registry or LocalRegistry()
         self._sessions: dict[str, Session] = {}
         self.residency = Residency(worker.config.slots, parked, prefix_min_tokens,
-                                   lambda s: self._sessions.get(s.key) is s, tier, checkpoint_tokens)  # model thread
+                                   lambda s: self._sessions.get(s.key) is s, tier, checkpoint_tokens,
+                                   splice_min_tokens)  # model thread
         self.implicit = ImplicitSessions(implicit_min_share)  # event loop only
 
     @property

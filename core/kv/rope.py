@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import EngineError
+from core.llama.model import Model
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,6 +36,12 @@ class Rope:
         """The rotation angle of each pair of dimensions for a move of ``delta`` positions."""
         i = np.arange(self.n_rot // 2, dtype=np.float64)
         return delta * self.freq_scale * self.freq_base ** (-2.0 * i / self.n_rot)
+
+
+def model_rope(model: Model) -> Rope | None:
+    """``model``'s rotary embedding, when it is one this module can apply again."""
+    params = model.rope_params()
+    return Rope(**params) if params is not None else None
 
 
 def rotate(k: np.ndarray, delta: int, rope: Rope) -> np.ndarray:

@@ -12,7 +12,7 @@ import numpy as np
 
 from core.errors import EngineError
 from core.kv.positions import SessionKV, dense_prefix, speculator_backlog
-from core.kv.rope import rotate
+from core.kv.rope import model_rope, rotate
 from core.llama import seq_cells
 from core.llama.context import Context
 from core.specprefill.cost_model import Costs
@@ -141,7 +141,7 @@ class SlotKV:
         another position, without a K-shift of the whole context.  Returns the bytes moved.
         The cells keep what they attended to where they were computed: an approximation
         (llama-server's ``--cache-reuse`` makes the same one), exact in their own run."""
-        rope = self.target_ctx.model.rope()
+        rope = model_rope(self.target_ctx.model)
         if rope is None:
             raise EngineError("this model's rotary embedding cannot be applied again to saved K")
         seq, donor = self.target_ctx.seq(slot), self.target_ctx.seq(donor_slot)

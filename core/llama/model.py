@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import llama_cpp
 
 from core.errors import ModelFileError
-from core.kv.rope import Rope
 from core.llama.backend import init_backend
 from core.llama.gguf_file import validate_gguf
 
@@ -72,19 +72,18 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
 
-    def rope(self) -> Rope | None:
-        """The rotary embedding of this model's K, when it is one core.kv.rope can apply
-        again (plain NORM or NEOX, no YaRN or other context scaling); else None."""
+    def rope_params(self) -> dict[str, Any] | None:
+        """What applying this model's rotary embedding again to saved K takes (core.kv.rope),
+        when it is plain NORM or NEOX RoPE without YaRN or other context scaling; else None."""
         kind = llama_cpp.llama_model_rope_type(self._ptr)
         arch = self.meta("general.architecture") or ""
-        scaling = self.meta(f"{arch}.rope.scaling.type")
         if kind not in (llama_cpp.LLAMA_ROPE_TYPE_NORM, llama_cpp.LLAMA_ROPE_TYPE_NEOX) or \
-                scaling not in (None, "none", "linear"):
+                self.meta(f"{arch}.rope.scaling.type") not in (None, "none", "linear"):
             return None
-        n_head = max(1, self.n_head)
-        head_dim = int(self.meta(f"{arch}.attention.key_length") or llama_cpp.llama_model_n_embd(self._ptr) // n_head)
-        return Rope(n_head_kv=llama_cpp.llama_model_n_head_kv(self._ptr), head_dim=head_dim,
-                    n_rot=int(self.meta(f"{arch}.rope.dimension_count") or head_dim),
-                    freq_base=float(self.meta(f"{arch}.rope.freq_base") or 10000.0),
-                    freq_scale=float(llama_cpp.llama_model_rope_freq_scale_train(self._ptr)),
-                    neox=kind == llama_cpp.LLAMA_ROPE_TYPE_NEOX)
+        head_dim = int(self.meta(f"{arch}.attention.key_length")
+                       or llama_cpp.llama_model_n_embd(self._ptr) // max(1, self.n_head))
+        return {"n_head_kv": llama_cpp.llama_model_n_head_kv(self._ptr), "head_dim": head_dim,
+                "n_rot": int(self.meta(f"{arch}.rope.dimension_count") or head_dim),
+                "freq_base": float(self.meta(f"{arch}.rope.freq_base") or 10000.0),
+                "freq_scale": float(llama_cpp.llama_model_rope_freq_scale_train(self._ptr)),
+                "neox": kind == llama_cpp.LLAMA_ROPE_TYPE_NEOX}

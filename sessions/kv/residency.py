@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from core.errors import TurnCancelled
+from core.errors import EngineError, TurnCancelled
 from core.kv.positions import SessionKV, dense_prefix, speculator_backlog
+from core.kv.reuse import find_run
 from core.prompt import Prompt
 from core.results import Result, Timings
-from core.steps import TurnSteps, Wait
+from core.steps import Tokens, TurnSteps, Wait
 from core.turn_request import TurnRequest
 from sessions.kv.checkpoints import SessionCheckpoints
 from sessions.kv.parked import ParkedKV
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # the engine runs on the model thread; this module only hands
     from core.engine import Engine
 
 log = structlog.get_logger("specgate.sessions")
+SPLICE_MAX_GAP = 1024  # new tokens (a task) prefilled before a spliced run, at most
 
 
 @dataclass(slots=True)
@@ -55,15 +57,17 @@ class PrefixStart:
     evicted: list[str] = field(default_factory=list)
     source: str = ""  # resident, ram, tier, checkpoint or built (Timings.prefix_source)
     loaded_bytes: int = 0  # KV bytes read back (RAM or the tier)
+    spliced: int = 0  # of ``shared``, tokens moved in from a run the donor holds elsewhere
+    gap: int = 0  # tokens prefilled before that run (the engine finds them cached: they were not)
 
     def account(self, t: Timings) -> None:
         """The engine counts a built prefix as cached (it found it in the slot): it was prefilled."""
-        t.prefix_shared_n, t.prefix_built_n = self.shared, self.built
+        t.prefix_shared_n, t.prefix_built_n, t.prefix_spliced_n = self.shared, self.built, self.spliced
         if self.shared or self.built:
             t.prefix_source, t.prefix_ms, t.prefix_bytes = self.source, self.seconds * 1e3, self.loaded_bytes
-        t.cache_n -= self.built
+        t.cache_n -= self.built + self.gap
         t.speculator_cache_n -= self.built
-        t.prompt_n += self.built
+        t.prompt_n += self.built + self.gap
         t.speculator_prefill_n += self.built
         t.ttft_ms += self.seconds * 1e3
 
@@ -71,15 +75,17 @@ class PrefixStart:
 class Residency:
     def __init__(self, slots: int, parked: ParkedKV, prefix_min_tokens: int,
                  holds: Callable[[Session], bool], tier: KVTier | None = None,
-                 checkpoint_tokens: int = 0) -> None:
+                 checkpoint_tokens: int = 0, splice_min_tokens: int = 0) -> None:
         """``holds(session)``: whether the session table still holds that very session (one
-        deleted, expired or moved away meanwhile has nothing worth parking)."""
+        deleted, expired or moved away meanwhile has nothing worth parking).  ``splice_min_tokens``:
+        the shortest run past the shared prefix worth moving in from a sibling (0: none)."""
         self.slots = SlotTable(slots)
         self.parked = parked
         self.prefixes = PrefixCache(parked, prefix_min_tokens, tier)
         self.checkpoints = SessionCheckpoints(tier, checkpoint_tokens) if tier is not None and checkpoint_tokens \
             else None
         self._holds = holds
+        self.splice_min_tokens = splice_min_tokens
         self.caught_up = 0  # scorer tokens prefilled in idle time
 
     def location(self, session: Session) -> str:
@@ -256,8 +262,10 @@ class Residency:
         covered = n > 0 and donor is not None and donor[2] >= n
         if covered or not n or not self.prefixes.wanted(key):
             evicted = self._fill_from(engine, key, prompt.tokens[:n], slot, donor) if covered else []
-            return PrefixStart(shared=self._adopt(engine, kv, prompt.tokens, slot, donor),
-                               seconds=time.perf_counter() - t0, evicted=evicted, source="resident")
+            shared = self._adopt(engine, kv, prompt.tokens, slot, donor)
+            spliced, gap = (yield from self._splice(engine, kv, prompt.tokens, slot, donor)) if shared else (0, 0)
+            return PrefixStart(shared=shared + spliced, seconds=time.perf_counter() - t0, evicted=evicted,
+                               source="resident", spliced=spliced, gap=gap)
         if self.prefixes.building(key):
             self.prefixes.waits += 1
             yield Wait(lambda: not self.prefixes.building(key))
@@ -307,6 +315,34 @@ class Residency:
                 if n > (best[2] if best else 0):
                     best = (donor_slot, holder, n)
         return best
+
+    def _splice(self, engine: Engine, kv: SessionKV, tokens: tuple[int, ...], slot: int,
+                donor: tuple[int, Session, int] | None) -> TurnSteps[tuple[int, int]]:
+        """Past the adopted prefix, a run the donor holds further on (a sibling conversation's
+        repeated block after its own task, core.kv.reuse) is moved into this prompt's place in
+        the target: the tokens before it are prefilled first, then its cells spliced in
+        (SlotKV.splice).  The scorer is left behind there, to catch up later.  Returns
+        (tokens spliced, tokens prefilled before them)."""
+        if donor is None or not self.splice_min_tokens:
+            return 0, 0
+        donor_slot, holder, _ = donor
+        start = len(kv.target.tokens)
+        found = find_run(tokens[:-1], start, holder.kv.target.tokens, holder.kv.target.kv_pos,
+                         self.splice_min_tokens, SPLICE_MAX_GAP)
+        if found is None:
+            return 0, 0
+        k, j, n = found
+        if k > start:
+            yield Tokens(engine.target_ctx.seq(slot), tokens[start:k], start, logits=False)
+            kv.target.extend(tokens[start:k], range(start, k))
+        try:
+            engine.slot_kv.splice(slot, donor_slot, j, k, n)
+        except EngineError as exc:  # a model whose K cannot be moved, an unexpected state layout
+            log.warning("kv_splice_failed", error=str(exc))
+            return 0, k - start
+        kv.target.extend(tokens[k:k + n], range(k, k + n))
+        log.info("kv_spliced", session_id=holder.id, tokens=n, moved_by=k - j, prefilled_before=k - start)
+        return n, k - start
 
     def _adopt(self, engine: Engine, kv: SessionKV, tokens: tuple[int, ...], slot: int,
                donor: tuple[int, Session, int] | None) -> int:

@@ -4,6 +4,7 @@ tiny target) and NORM (SmolLM2) rotary layouts, V stored plain and transposed.""
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 
@@ -13,6 +14,7 @@ from core.llama import seq_cells
 from core.llama.context import Context
 from core.llama.model import Model
 from core.specprefill.cost_model import Costs
+from tests.support import start_gateway
 
 X = list(range(200, 240))  # a shared start
 Z = list(range(900, 930))  # the run that moves
@@ -79,3 +81,44 @@ def test_a_run_the_donor_does_not_hold_whole_is_refused(tiny_target):
     finally:
         ctx.close()
         model.close()
+
+
+SYSTEM = "You operate the plant. Units report flow, pressure and temperature every minute. " * 40
+NOTE = ("Environment: working directory /srv/plant, a git repository on branch main; platform linux; "
+        "the historian answers on port 8086; logs rotate daily at midnight UTC. ") * 12
+
+
+def sibling_turn(base: str, sid: str, task: str, extra: list | None = None) -> dict:
+    """Claude Code's layout: the system prompt, the user's task, then an environment note as a
+    second system message (the same in every conversation)."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task},
+                {"role": "system", "content": NOTE}, *(extra or [])]
+    r = httpx.post(base + "/v1/chat/completions", headers={"X-SpecGate-Session": sid}, timeout=120,
+                   json={"messages": messages, "max_tokens": 4, "specprefill": False})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("splice_min_tokens", [256, 0], ids=["splice", "off"])
+def test_a_sibling_conversation_reuses_the_block_after_its_own_task(tiny_target, tiny_speculator,
+                                                                    splice_min_tokens):
+    gw = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2}, splice_min_tokens=splice_min_tokens)
+    try:
+        sibling_turn(gw.base, "s-1", "Say hello.")
+        second = sibling_turn(gw.base, "s-2", "Which unit raised the last pressure alarm, and when exactly?")
+        t = second["timings"]
+        task_and_note = t["context_n"] - t["prefix_shared_n"] + t["prefix_spliced_n"]
+        if not splice_min_tokens:  # the shared prefix ends at the task: the note is prefilled again
+            assert t["prefix_spliced_n"] == 0 and t["prompt_n"] == t["context_n"] - t["cache_n"] >= 300
+            return
+        assert t["prefix_spliced_n"] >= 300 and t["prefix_source"] == "resident"
+        assert t["prompt_n"] < 40 and t["cache_n"] + t["prompt_n"] == t["context_n"]  # the task and the tail
+        assert t["cache_n"] / t["context_n"] > 0.95 and task_and_note > t["prefix_spliced_n"]
+        assert second["choices"][0]["finish_reason"] in ("stop", "length")
+        # the session's KV bookkeeping holds: its next turn reuses everything it has
+        reply = second["choices"][0]["message"]["content"] or ""
+        third = sibling_turn(gw.base, "s-2", "Which unit raised the last pressure alarm, and when exactly?",
+                             [{"role": "assistant", "content": reply}, {"role": "user", "content": "Go on."}])
+        assert third["timings"]["cache_n"] >= t["context_n"]
+    finally:
+        gw.stop()
