@@ -69,7 +69,8 @@ def body(task: str) -> dict[str, Any]:
 
 def row(arm: str, t: dict[str, Any], wall_s: float, pid: int, backend: str) -> dict[str, Any]:
     keys = ("context_n", "cache_n", "prompt_n", "prompt_ms", "prefix_shared_n", "prefix_built_n", "prefix_source",
-            "prefix_ms", "prefix_bytes", "ttft_ms", "specprefill", "speculator_prefill_n", "speculator_deferred_n")
+            "prefix_ms", "prefix_bytes", "prefix_spliced_n", "ttft_ms", "specprefill", "speculator_prefill_n",
+            "speculator_deferred_n")
     return {"arm": arm, "backend": backend, "wall_s": round(wall_s, 1), "rss_mb": round(rss_mb(pid), 1),
             **{k: t.get(k) for k in keys}}
 
@@ -229,6 +230,8 @@ def summarize(rows: list[dict[str, Any]], tier: Path, redis_bytes: int, out: Pat
         one = {"ttft_s": round(r["ttft_ms"] / 1e3, 2), "vs_cold": round(r["ttft_ms"] / cold["ttft_ms"], 3),
                "prefilled": r["prompt_n"], "reused": r["cache_n"],
                "cached_share": round(r["cache_n"] / r["context_n"], 3)}
+        if r.get("prefix_spliced_n"):
+            one["spliced"] = r["prefix_spliced_n"]
         if r.get("prefix_bytes"):
             one.update({"loaded_from": r["prefix_source"], "load_s": round(r["prefix_ms"] / 1e3, 2),
                         "load_gb_per_s": round(r["prefix_bytes"] / 1e9 / (r["prefix_ms"] / 1e3), 2),
