@@ -50,6 +50,10 @@ COUNTERS = {
     "specgate_speculator_caught_up_tokens": ("caught_up", "Scorer tokens prefilled in idle time, so that a "
                                              "session's next turn scores only its new tokens."),
     "specgate_idle_chunks": ("idle_chunks", "Chunks of idle work the model thread ran between turns."),
+    "specgate_checkpoints_lent": ("checkpoints_lent", "New conversations started from another conversation's "
+                                  "checkpoint in the KV tier (no idle session here held their prefix)."),
+    "specgate_kv_spliced_tokens": ("spliced", "Tokens moved into place from another conversation's KV (a block "
+                                   "repeated after a different task) instead of prefilled."),
     "specgate_kv_tier_hits": ("tier_hits", "Prefixes restored from the KV tier instead of prefilled."),
     "specgate_kv_tier_writes": ("tier_writes", "Prefix entries written to the KV tier."),
     "specgate_kv_tier_rejected": ("tier_rejected", "KV tier files discarded by their checks (recomputed)."),

@@ -403,6 +403,7 @@ class SessionManager:
             "tier_bytes": prefixes.tier.bytes_used if prefixes.tier else 0,
             "checkpoints_written": checkpoints.written if checkpoints else 0,
             "checkpoints_restored": checkpoints.restored if checkpoints else 0,
+            "checkpoints_lent": checkpoints.lent if checkpoints else 0, "spliced": self.residency.spliced,
             "implicit_hits": self.implicit.hits, "implicit_misses": self.implicit.misses,
             "implicit_reused": self.implicit.reused,
             "store_pending": self.writer.pending, "store_degraded": int(self.writer.degraded),

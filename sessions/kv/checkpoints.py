@@ -11,7 +11,13 @@ generated) restores the part they share.  The index is written after
 the entry has landed, so a reader never follows it to a missing file (a stale index points to
 an older entry, which is still a prefix of the conversation, or to one evicted by the tier's
 budget: then the session rebuilds, as it did without a tier).  Both live under the tier's
-folder, so replicas that share it share checkpoints.  Model thread for what reads the KV;
+folder, so replicas that share it share checkpoints.
+
+A note per owner lists its latest checkpoints, newest first (``OWNER_RECENT``): a new
+conversation of that owner on a replica or after a restart, which no session of this process
+can lend KV to, starts from the one that shares the most with it (Residency: its prefix, and a
+block it repeats after a different task).  Replicas that write it at once may lose an entry:
+it is a hint, and a lost entry costs a prefill, never a wrong state.  Model thread for what reads the KV;
 files on the tier's writer thread.
 """
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -27,6 +34,8 @@ from sessions.kv.parked import Blobs
 from sessions.kv.prefixes import PrefixCache
 from sessions.kv.tier import KVTier
 
+OWNER_RECENT = 8  # checkpoints an owner's note lists
+
 
 class SessionCheckpoints:
     def __init__(self, tier: KVTier, min_new_tokens: int = 1024) -> None:
@@ -34,10 +43,15 @@ class SessionCheckpoints:
         self.min_new = min_new_tokens  # a session is checkpointed again once it holds this many more tokens
         self._done: dict[str, int] = {}  # session key -> tokens in its last checkpoint (this process)
         self.written = self.restored = 0
+        self.lent = 0  # new conversations started from another conversation's checkpoint
 
     @staticmethod
     def _index(session_key: str) -> str:
         return f"session-{hashlib.sha256(session_key.encode()).hexdigest()[:40]}.json"
+
+    @staticmethod
+    def _owner_note(owner: str) -> str:
+        return f"owner-{hashlib.sha256(owner.encode()).hexdigest()[:40]}.json"
 
     def due(self, session_key: str, n: int) -> bool:
         return n - self._done.get(session_key, 0) >= self.min_new
@@ -47,17 +61,41 @@ class SessionCheckpoints:
         are written off the model thread."""
         n, key = len(tokens), PrefixCache.key(owner, tokens)
         self._done[session_key] = n
-        self.tier.put(key, blobs, then=lambda: self._write_index(session_key, tuple(tokens), key))
+        self.tier.put(key, blobs, then=lambda: self._write_index(session_key, owner, tuple(tokens), key))
 
-    def _write_index(self, session_key: str, tokens: tuple[int, ...], key: str) -> None:
+    def _write_index(self, session_key: str, owner: str, tokens: tuple[int, ...], key: str) -> None:
         """Point the session at its new entry, and drop the entry it replaces (a conversation's
-        checkpoints grow by a turn each: only the latest is worth its bytes)."""
+        checkpoints grow by a turn each: only the latest is worth its bytes); list it first
+        in the owner's note."""
         name = self._index(session_key)
         old = self._read(name)
         self.tier.write_note(name, orjson.dumps({"tokens": tokens, "key": key}))
         self.written += 1
         if old is not None and old[1] != key:
             self.tier.drop(old[1])
+        recent = [e for e in self._owner_entries(owner) if e["session"] != name]
+        entry = {"session": name, "tokens": tokens, "key": key}
+        self.tier.write_note(self._owner_note(owner), orjson.dumps([entry, *recent][:OWNER_RECENT]))
+
+    def _owner_entries(self, owner: str) -> list[dict[str, Any]]:
+        try:
+            entries = orjson.loads(self.tier.read_note(self._owner_note(owner)) or b"[]")
+            return [e for e in entries if isinstance(e, dict) and {"session", "tokens", "key"} <= set(e)]
+        except (ValueError, TypeError):
+            return []
+
+    def recent(self, owner: str) -> list[tuple[tuple[int, ...], str]]:
+        """(tokens, entry key) of the owner's latest checkpoints, newest first (each checked
+        to be the owner's: an entry key is the owner and the tokens)."""
+        out = []
+        for e in self._owner_entries(owner):
+            try:
+                tokens = tuple(int(t) for t in e["tokens"])
+            except (TypeError, ValueError):
+                continue
+            if PrefixCache.key(owner, tokens) == e["key"]:
+                out.append((tokens, str(e["key"])))
+        return out
 
     def _read(self, name: str) -> tuple[tuple[int, ...], str] | None:
         try:
@@ -82,8 +120,16 @@ class SessionCheckpoints:
         blobs = self.tier.get(key)
         return (len(held), shared, blobs) if blobs is not None else None
 
-    def forget(self, session_key: str) -> None:
-        """The session was deleted: its index goes (the entry ages out of the tier)."""
+    def forget(self, session_key: str, owner: str) -> None:
+        """The session was deleted: its index goes, and its line in the owner's note, so it
+        lends nothing to new conversations (the entry ages out of the tier)."""
         self._done.pop(session_key, None)
-        self.tier.delete_note(self._index(session_key))
+        name = self._index(session_key)
+        self.tier.delete_note(name)
+        entries = self._owner_entries(owner)
+        if kept := [e for e in entries if e["session"] != name]:
+            if len(kept) != len(entries):
+                self.tier.write_note(self._owner_note(owner), orjson.dumps(kept))
+        else:
+            self.tier.delete_note(self._owner_note(owner))
 

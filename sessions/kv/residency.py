@@ -22,9 +22,10 @@ import structlog
 
 from core.errors import EngineError, TurnCancelled
 from core.kv.positions import SessionKV, dense_prefix, speculator_backlog
-from core.kv.reuse import find_run
+from core.kv.reuse import PROBE, find_run
 from core.prompt import Prompt
 from core.results import Result, Timings
+from core.spans import common_prefix
 from core.steps import Tokens, TurnSteps, Wait
 from core.turn_request import TurnRequest
 from sessions.kv.checkpoints import SessionCheckpoints
@@ -86,6 +87,7 @@ class Residency:
             else None
         self._holds = holds
         self.splice_min_tokens = splice_min_tokens
+        self.spliced = 0  # tokens moved into place from another conversation's KV, not prefilled
         self.caught_up = 0  # scorer tokens prefilled in idle time
 
     def location(self, session: Session) -> str:
@@ -166,7 +168,7 @@ class Residency:
             engine.slot_kv.load(None, slot)
         self.parked.discard(session.key)
         if self.checkpoints is not None and session.state is SessionState.DELETED:
-            self.checkpoints.forget(session.key)
+            self.checkpoints.forget(session.key, session.owner)
 
     def _park(self, engine: Engine, seat: Seat) -> list[str]:
         """Save the KV of the idle session ``seat`` displaced (model thread only); returns
@@ -260,10 +262,18 @@ class Residency:
         key = self.prefixes.key(owner, prompt.tokens[:n]) if n else ""
         donor = self._donor(owner, prompt.tokens)
         covered = n > 0 and donor is not None and donor[2] >= n
+        if n and not covered:
+            lent = yield from self._from_conversation(engine, owner, kv, prompt.tokens, slot, n)
+            if lent is not None:
+                lent.seconds = time.perf_counter() - t0
+                return lent
         if covered or not n or not self.prefixes.wanted(key):
             evicted = self._fill_from(engine, key, prompt.tokens[:n], slot, donor) if covered else []
             shared = self._adopt(engine, kv, prompt.tokens, slot, donor)
-            spliced, gap = (yield from self._splice(engine, kv, prompt.tokens, slot, donor)) if shared else (0, 0)
+            spliced, gap = 0, 0
+            if shared and donor is not None:
+                spliced, gap = yield from self._splice(engine, kv, prompt.tokens, slot, donor[0], donor[1].kv,
+                                                       donor[1].id)
             return PrefixStart(shared=shared + spliced, seconds=time.perf_counter() - t0, evicted=evicted,
                                source="resident", spliced=spliced, gap=gap)
         if self.prefixes.building(key):
@@ -316,19 +326,64 @@ class Residency:
                     best = (donor_slot, holder, n)
         return best
 
+    def _from_conversation(self, engine: Engine, owner: str, kv: SessionKV, tokens: tuple[int, ...], slot: int,
+                           n: int) -> TurnSteps[PrefixStart | None]:
+        """No idle session here holds the prompt's system prompt (a replica that never saw this
+        agent, a restart): the owner's checkpointed conversation in the KV tier that shares the
+        most with the prompt (sessions.kv.checkpoints) is loaded into a free slot and lends
+        its KV as a resident one would: its prefix, and a block repeated after a different
+        task.  The slot is a free one, else the least recently used idle one, whose session is
+        parked first.  None when no checkpoint gives more than the ``n``-token system prompt's
+        own entry would, or every other slot runs a turn."""
+        checkpoints = self.checkpoints
+        if checkpoints is None or (best := self._best_checkpoint(checkpoints, owner, tokens, n)) is None:
+            return None
+        if self.slots.busy >= len(self.slots):  # every other slot runs a turn
+            return None
+        seat = self.slots.seat(object())  # a free slot, else the least recently used idle one, parked
+        lend, evicted = seat.slot, self._park(engine, seat)
+        try:
+            blobs = checkpoints.tier.get(best[1])
+            lender = SessionKV()
+            if blobs is None or not engine.slot_kv.restore_prefix(blobs, best[0], lender, lend):
+                return None
+            shared = engine.slot_kv.adopt_prefix(tokens, kv, slot, lender, lend)
+            spliced, gap = yield from self._splice(engine, kv, tokens, slot, lend, lender, "checkpoint")
+        finally:
+            engine.slot_kv.load(None, lend)
+            self.slots.release(lend, keep=False)
+        checkpoints.lent += 1
+        log.info("prefix_lent_by_checkpoint", tokens=shared + spliced, spliced=spliced)
+        return PrefixStart(shared=shared + spliced, source="conversation", loaded_bytes=sum(map(len, blobs)),
+                           spliced=spliced, gap=gap, evicted=evicted)
+
+    def _best_checkpoint(self, checkpoints: SessionCheckpoints, owner: str, tokens: tuple[int, ...],
+                         n: int) -> tuple[tuple[int, ...], str] | None:
+        """(tokens, entry key) of the owner's checkpoint that lends the most to ``tokens``: its
+        shared prefix, and the run a splice would move (when it covers the system prompt)."""
+        best, most = None, n + PROBE  # more than the system prompt's own entry, or not worth a load
+        for held, key in checkpoints.recent(owner):
+            shared = min(common_prefix(held, tokens), len(tokens) - 1)
+            if shared < n:
+                continue
+            run = find_run(tokens[:-1], shared, held, range(len(held)), self.splice_min_tokens,
+                           SPLICE_MAX_GAP) if self.splice_min_tokens else None
+            if (gain := shared + (run[2] if run else 0)) > most:
+                best, most = (held, key), gain
+        return best
+
     def _splice(self, engine: Engine, kv: SessionKV, tokens: tuple[int, ...], slot: int,
-                donor: tuple[int, Session, int] | None) -> TurnSteps[tuple[int, int]]:
+                donor_slot: int, donor: SessionKV, donor_id: str) -> TurnSteps[tuple[int, int]]:
         """Past the adopted prefix, a run the donor holds further on (a sibling conversation's
         repeated block after its own task, core.kv.reuse) is moved into this prompt's place in
         the target: the tokens before it are prefilled first, then its cells spliced in
         (SlotKV.splice).  The scorer is left behind there, to catch up later.  Returns
         (tokens spliced, tokens prefilled before them)."""
-        if donor is None or not self.splice_min_tokens:
+        if not self.splice_min_tokens:
             return 0, 0
-        donor_slot, holder, _ = donor
         start = len(kv.target.tokens)
-        found = find_run(tokens[:-1], start, holder.kv.target.tokens, holder.kv.target.kv_pos,
-                         self.splice_min_tokens, SPLICE_MAX_GAP)
+        found = find_run(tokens[:-1], start, donor.target.tokens, donor.target.kv_pos, self.splice_min_tokens,
+                         SPLICE_MAX_GAP)
         if found is None:
             return 0, 0
         k, j, n = found
@@ -341,7 +396,8 @@ class Residency:
             log.warning("kv_splice_failed", error=str(exc))
             return 0, k - start
         kv.target.extend(tokens[k:k + n], range(k, k + n))
-        log.info("kv_spliced", session_id=holder.id, tokens=n, moved_by=k - j, prefilled_before=k - start)
+        self.spliced += n
+        log.info("kv_spliced", donor=donor_id, tokens=n, moved_by=k - j, prefilled_before=k - start)
         return n, k - start
 
     def _adopt(self, engine: Engine, kv: SessionKV, tokens: tuple[int, ...], slot: int,

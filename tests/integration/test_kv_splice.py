@@ -14,7 +14,7 @@ from core.llama import seq_cells
 from core.llama.context import Context
 from core.llama.model import Model
 from core.specprefill.cost_model import Costs
-from tests.support import start_gateway
+from tests.support import start_gateway, until
 
 X = list(range(200, 240))  # a shared start
 Z = list(range(900, 930))  # the run that moves
@@ -122,3 +122,51 @@ def test_a_sibling_conversation_reuses_the_block_after_its_own_task(tiny_target,
         assert third["timings"]["cache_n"] >= t["context_n"]
     finally:
         gw.stop()
+
+
+def metric(base: str, name: str) -> float:
+    line = next(x for x in httpx.get(base + "/metrics").text.splitlines() if x.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def keyed_turn(base: str, key: str, sid: str, task: str) -> dict:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task},
+                {"role": "system", "content": NOTE}]
+    r = httpx.post(base + "/v1/chat/completions", timeout=120, json={"messages": messages, "max_tokens": 4,
+                                                                      "specprefill": False},
+                   headers={"X-SpecGate-Session": sid, "Authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    return r.json()["timings"]
+
+
+def test_a_restarted_server_starts_a_sibling_from_another_conversations_checkpoint(tiny_target, tiny_speculator,
+                                                                                    tmp_path):
+    """After a restart (or on a replica sharing the tier) no idle session lends KV: the key's
+    checkpointed conversation does, loaded into a free slot for the moment; its prefix is
+    copied and the note after the task spliced, as from a resident sibling.  Another key's
+    conversation with the same prompt gets nothing from it."""
+    def gateway():
+        return start_gateway(tiny_target, tiny_speculator, engine={"slots": 2}, kv_tier_dir=str(tmp_path),
+                             kv_checkpoint_tokens=256, api_keys=("key-a", "key-b"))
+    first = gateway()
+    try:
+        keyed_turn(first.base, "key-a", "c-1", "Say hello.")
+        assert until(lambda: metric(first.base, "specgate_session_checkpoints_total") >= 1)
+    finally:
+        first.stop()
+    again = gateway()
+    try:
+        task = "Which unit raised the last pressure alarm, and when exactly?"
+        other = keyed_turn(again.base, "key-b", "c-2", task)
+        assert other.get("prefix_source") != "conversation" and not other.get("prefix_spliced_n")
+        assert metric(again.base, "specgate_checkpoints_lent_total") == 0
+        t = keyed_turn(again.base, "key-a", "c-3", task)
+        assert t["prefix_source"] == "conversation" and t["prefix_spliced_n"] >= 300, t
+        assert t["prefix_bytes"] > 0 and t["cache_n"] / t["context_n"] > 0.95 and t["prompt_n"] < 40
+        assert metric(again.base, "specgate_checkpoints_lent_total") == 1
+        assert metric(again.base, "specgate_kv_spliced_tokens_total") == t["prefix_spliced_n"]
+        # the lending slot was key-b's idle session's: parked first, emptied after; that session lost nothing
+        assert metric(again.base, "specgate_slots_resident") == 1
+        assert keyed_turn(again.base, "key-b", "c-2", task)["cache_n"] >= other["context_n"] - 1
+    finally:
+        again.stop()

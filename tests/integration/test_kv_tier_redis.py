@@ -76,7 +76,7 @@ def test_session_checkpoints_work_over_redis(redis_server):
     other = SessionCheckpoints(tier(redis_server, b"checkpoints"), min_new_tokens=16)  # another replica
     assert other.find("alice:s1", "alice", (*tokens, 1)) == (300, 300, BLOBS)
     assert other.find("alice:s1", "bob", (*tokens, 1)) is None
-    other.forget("alice:s1")
+    other.forget("alice:s1", "alice")
     assert cp.find("alice:s1", "alice", (*tokens, 1)) is None
 
 

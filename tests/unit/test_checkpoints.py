@@ -41,7 +41,7 @@ def test_a_newer_checkpoint_replaces_the_older_entry_and_delete_drops_the_index(
     tier.flush()
     assert not tier.path(PrefixCache.key("alice", TOKENS)).exists()
     assert cp.find("alice:s1", "alice", (*longer, 1)) == (600, 600, (b"t2", b"s2"))
-    cp.forget("alice:s1")
+    cp.forget("alice:s1", "alice")
     assert cp.find("alice:s1", "alice", (*longer, 1)) is None and not any(tier.notes.iterdir())
 
 
@@ -51,3 +51,23 @@ def test_an_index_whose_entry_is_gone_finds_nothing(tmp_path):
     tier.flush()
     tier.path(PrefixCache.key("alice", TOKENS)).unlink()  # evicted by the tier's budget
     assert cp.find("alice:s1", "alice", (*TOKENS, 1)) is None
+
+
+def test_an_owners_note_lists_its_latest_checkpoints_and_forgets_deleted_ones(tmp_path):
+    """What a new conversation on a replica may start from: the owner's latest checkpoints,
+    newest first, one per session, never another owner's, none of a deleted session."""
+    tier, cp = tiers(tmp_path)
+    other = (*TOKENS[:200], *range(900, 1000))
+    cp.write("alice:s1", "alice", TOKENS, BLOBS)
+    cp.write("alice:s2", "alice", other, BLOBS)
+    cp.write("alice:s1", "alice", (*TOKENS, 5), BLOBS)  # s1 again: it moves to the front, once
+    cp.write("bob:s9", "bob", TOKENS, BLOBS)
+    tier.flush()
+    _, replica = tiers(tmp_path)
+    assert [len(t) for t, _ in replica.recent("alice")] == [301, 300]
+    assert [t for t, _ in replica.recent("bob")] == [TOKENS]
+    assert replica.recent("carol") == []
+    replica.forget("alice:s1", "alice")
+    assert [t for t, _ in replica.recent("alice")] == [other]
+    replica.forget("alice:s2", "alice")
+    assert replica.recent("alice") == [] and replica.recent("bob") != []
