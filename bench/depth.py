@@ -11,7 +11,8 @@ One server; first a warm-up (this agent's prompt seen before: two conversations,
 until the scorers have caught up and the shared prefix's entry holds both models), then two
 conversations with the same shape and the same tool results, one after the other: ``default``
 (the default policy) and ``dense`` (``specprefill: false``, the same run).  Their tasks differ
-by one word, so the dense one shares only the system prompt and tools with the other.
+by one word, so the dense one shares only the system prompt and tools with the other (the server
+runs with ``--splice-min-tokens 0``, so it does not reuse the other's environment note).
 
 Per turn: TTFT, tokens prefilled into the target and kept, scoring cost, the planner's status,
 the scorer's cached/prefilled/deferred tokens, decode tokens/s, the scorer tokens caught up in
@@ -168,7 +169,10 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / "depth.log"
     port, pids = free_port(), list[int]()
-    with server(specgate_cmd(port, engine, log_level="info", decode_auto="true"), port, log, pids) as base, \
+    # no splicing: the dense conversation would start from the default one's environment note,
+    # moved into place, and be neither dense nor comparable on its first turn
+    cmd = specgate_cmd(port, engine, log_level="info", decode_auto="true", splice_min_tokens=0)
+    with server(cmd, port, log, pids) as base, \
             httpx.Client(base_url=base, timeout=3600) as http:
         warm = []
         for task in ("Warm-up: say hello.", "Warm-up: say hi."):
