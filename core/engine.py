@@ -148,6 +148,16 @@ class Engine:
         if n > limit:
             raise PromptTooLong(n, limit)
 
+    def check_decoding(self, policy: DecodingPolicy) -> None:
+        """:class:`InvalidRequest` for a decoding mode this server cannot run (checked before a
+        session's KV is touched: a refused request must not cost it its cache)."""
+        if policy.mode is DecodeMode.SPECATTN and self.target_ctx.view_seq < 0:
+            raise InvalidRequest("specattn needs a unified KV cache: start the server with --kv-layout unified "
+                                 "(or --slots 1)")
+        if policy.mode is not DecodeMode.PLAIN and not self.config.scorer_drafts:
+            raise InvalidRequest(f"speculative decoding drafts with a whole speculator, but this server scores "
+                                 f"with {self.config.scorer}: start it with --scorer speculator-full")
+
     def _ceiling(self, params: TurnParams, n: int, t: Timings) -> TurnParams:
         """``max_tokens`` is a ceiling, never a refusal: clamped to what the context leaves
         after the prompt (and, by the gateway, to the cap); the timings say when it was."""
@@ -216,12 +226,7 @@ class Engine:
         emptied first."""
         self.check_prompt(prompt)
         params = self._pick_decoding(params, len(prompt))
-        if params.decoding.mode is DecodeMode.SPECATTN and self.target_ctx.view_seq < 0:
-            raise InvalidRequest("specattn needs a unified KV cache: start the server with --kv-layout unified "
-                                 "(or --slots 1)")
-        if params.decoding.mode is not DecodeMode.PLAIN and not self.config.scorer_drafts:
-            raise InvalidRequest(f"speculative decoding drafts with a whole speculator, but this server scores "
-                                 f"with {self.config.scorer}: start it with --scorer speculator-full")
+        self.check_decoding(params.decoding)
         persistent = kv is not None
         if kv is None:
             kv = SessionKV()

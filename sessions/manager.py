@@ -295,6 +295,7 @@ class SessionManager:
             prompt = work.render(engine)
             if check:
                 engine.check_prompt(prompt)
+                engine.check_decoding(work.params.decoding)
             return prompt
         async with self.admission.side_call():  # bounded: a flood is a 429, not a stall
             return await self.worker.call(rendered)

@@ -186,6 +186,7 @@ class Residency:
             raise TurnCancelled("the client left before the turn started")
         prompt = work.render(engine)
         engine.check_prompt(prompt)  # before another session's KV is disturbed
+        engine.check_decoding(work.params.decoding)
         seat = self.slots.seat(object())
         evicted = self._park(engine, seat)
         kv, start = SessionKV(), PrefixStart()
@@ -204,6 +205,7 @@ class Residency:
             raise TurnCancelled("the turn was cancelled before it started")
         prompt = work.render(engine)
         engine.check_prompt(prompt)  # a bad prompt must not cost the session its cache
+        engine.check_decoding(work.params.decoding)
         seat = self.slots.seat(session)
         evicted = self._park(engine, seat)
         rebuilt, start = False, PrefixStart()

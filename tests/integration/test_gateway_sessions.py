@@ -213,3 +213,20 @@ def test_specattn_in_a_session_reports_its_timings_and_matches_plain(smol_gatewa
     assert 'specgate_decode_turns_total{mode="speculative"} 2.0\n' in metrics
     drafted = float(metrics.split('specgate_draft_tokens_total{outcome="drafted"} ')[1].split()[0])
     assert drafted >= t["draft_n"] + ts["draft_n"] + whole["timings"]["draft_n"]
+
+
+def test_a_refused_decoding_mode_does_not_cost_the_session_its_cache(tiny_target, tiny_speculator):
+    """SpecAttn on a split-layout server is a 400, decided before the session's KV is touched:
+    its next turn still reuses everything (it used to reset the session's KV)."""
+    gw = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2})
+    try:
+        sid = new_session(gw)
+        history = [{"role": "user", "content": doc(0) + " Which pump ran longest?"}]
+        first = chat(gw, history, sid)["timings"]
+        r = httpx.post(gw.base + "/v1/chat/completions", headers={"X-SpecGate-Session": sid}, timeout=120,
+                       json={"messages": history, "max_tokens": 8, "specattn": True})
+        assert r.status_code == 400 and "unified" in r.json()["error"]["message"]
+        again = chat(gw, history, sid)["timings"]
+        assert again["cache_n"] == first["context_n"] - 1 and not again["kv_rebuilt"]
+    finally:
+        gw.stop()
