@@ -267,7 +267,7 @@ def agent_scale(summary: dict[str, Any], out: Path) -> None:
     ax.bar(range(len(arms)), ttft, color=[colors.get(k.split("/")[0], "tab:green") for k in arms])
     for i, k in enumerate(arms):
         s = summary[k]
-        note = f"{s['ttft_s']:.1f} s\n{100 * s['cached_share']:.0f}% reused"
+        note = f"{s['ttft_s']:.1f} s\n{100 * s['cached_share']:.1f}% reused"
         if s.get("load_s") is not None:
             note += f"\nload {s['load_s']:.1f} s"
         ax.annotate(note, (i, ttft[i]), ha="center", textcoords="offset points", xytext=(0, 3), fontsize=7)
