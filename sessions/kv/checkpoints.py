@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from core.kv.reuse import PROBE, find_run
 from core.spans import common_prefix
 from sessions.kv.parked import Blobs
 from sessions.kv.prefixes import PrefixCache
@@ -133,3 +134,18 @@ class SessionCheckpoints:
         else:
             self.tier.delete_note(self._owner_note(owner))
 
+    def best_lender(self, owner: str, tokens: Sequence[int], n: int, min_run: int,
+                    max_gap: int) -> tuple[tuple[int, ...], str] | None:
+        """(tokens, entry key) of the owner's checkpoint that lends the most to ``tokens``: the
+        prefix it shares, if that covers the ``n``-token system prompt, and the run a splice
+        would move (core.kv.reuse; ``min_run`` 0: none).  None when none gives more than the
+        system prompt's own cache entry would."""
+        best, most = None, n + PROBE
+        for held, key in self.recent(owner):
+            shared = min(common_prefix(held, tokens), len(tokens) - 1)
+            if shared < n:
+                continue
+            run = find_run(tokens[:-1], shared, held, range(len(held)), min_run, max_gap) if min_run else None
+            if (gain := shared + (run[2] if run else 0)) > most:
+                best, most = (held, key), gain
+        return best

@@ -22,10 +22,9 @@ import structlog
 
 from core.errors import EngineError, TurnCancelled
 from core.kv.positions import SessionKV, dense_prefix, speculator_backlog
-from core.kv.reuse import PROBE, find_run
+from core.kv.reuse import find_run
 from core.prompt import Prompt
 from core.results import Result, Timings
-from core.spans import common_prefix
 from core.steps import Tokens, TurnSteps, Wait
 from core.turn_request import TurnRequest
 from sessions.kv.checkpoints import SessionCheckpoints
@@ -338,17 +337,19 @@ class Residency:
         parked first.  None when no checkpoint gives more than the ``n``-token system prompt's
         own entry would, or every other slot runs a turn."""
         checkpoints = self.checkpoints
-        if checkpoints is None or (best := self._best_checkpoint(checkpoints, owner, tokens, n)) is None:
+        if checkpoints is None or self.slots.busy >= len(self.slots):  # every other slot runs a turn
             return None
-        if self.slots.busy >= len(self.slots):  # every other slot runs a turn
+        best = checkpoints.best_lender(owner, tokens, n, self.splice_min_tokens, SPLICE_MAX_GAP)
+        blobs = checkpoints.tier.get(best[1]) if best is not None else None
+        if best is None or blobs is None:
             return None
         seat = self.slots.seat(object())  # a free slot, else the least recently used idle one, parked
         lend, evicted = seat.slot, self._park(engine, seat)
         try:
-            blobs = checkpoints.tier.get(best[1])
             lender = SessionKV()
-            if blobs is None or not engine.slot_kv.restore_prefix(blobs, best[0], lender, lend):
-                return None
+            if not engine.slot_kv.restore_prefix(blobs, best[0], lender, lend):
+                log.warning("checkpoint_unloadable", tokens=len(best[0]))
+                return PrefixStart(evicted=evicted)  # the turn prefills it all; the entry ages out
             shared = engine.slot_kv.adopt_prefix(tokens, kv, slot, lender, lend)
             spliced, gap = yield from self._splice(engine, kv, tokens, slot, lend, lender, "checkpoint")
         finally:
@@ -358,21 +359,6 @@ class Residency:
         log.info("prefix_lent_by_checkpoint", tokens=shared + spliced, spliced=spliced)
         return PrefixStart(shared=shared + spliced, source="conversation", loaded_bytes=sum(map(len, blobs)),
                            spliced=spliced, gap=gap, evicted=evicted)
-
-    def _best_checkpoint(self, checkpoints: SessionCheckpoints, owner: str, tokens: tuple[int, ...],
-                         n: int) -> tuple[tuple[int, ...], str] | None:
-        """(tokens, entry key) of the owner's checkpoint that lends the most to ``tokens``: its
-        shared prefix, and the run a splice would move (when it covers the system prompt)."""
-        best, most = None, n + PROBE  # more than the system prompt's own entry, or not worth a load
-        for held, key in checkpoints.recent(owner):
-            shared = min(common_prefix(held, tokens), len(tokens) - 1)
-            if shared < n:
-                continue
-            run = find_run(tokens[:-1], shared, held, range(len(held)), self.splice_min_tokens,
-                           SPLICE_MAX_GAP) if self.splice_min_tokens else None
-            if (gain := shared + (run[2] if run else 0)) > most:
-                best, most = (held, key), gain
-        return best
 
     def _splice(self, engine: Engine, kv: SessionKV, tokens: tuple[int, ...], slot: int,
                 donor_slot: int, donor: SessionKV, donor_id: str) -> TurnSteps[tuple[int, int]]:

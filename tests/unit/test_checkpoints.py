@@ -71,3 +71,18 @@ def test_an_owners_note_lists_its_latest_checkpoints_and_forgets_deleted_ones(tm
     assert [t for t, _ in replica.recent("alice")] == [other]
     replica.forget("alice:s2", "alice")
     assert replica.recent("alice") == [] and replica.recent("bob") != []
+
+
+def test_the_best_lender_shares_the_system_prompt_and_gives_the_most_past_it(tmp_path):
+    tier, cp = tiers(tmp_path)
+    system, note = tuple(range(100, 400)), tuple(range(2000, 2300))
+    short = (*system, 7, 7)  # shares only the system prompt
+    sibling = (*system, 5, 5, 5, *note, 9)  # another task, then the same note
+    stranger = (*range(5000, 5300), *note)  # the note, but not the system prompt
+    for sid, tokens in (("alice:a", short), ("alice:b", sibling), ("alice:c", stranger)):
+        cp.write(sid, "alice", tokens, BLOBS)
+    tier.flush()
+    prompt = (*system, 8, 8, 8, 8, *note, 1)
+    assert cp.best_lender("alice", prompt, 300, 256, 64) == (sibling, PrefixCache.key("alice", sibling))
+    assert cp.best_lender("alice", prompt, 300, 0, 64) is None  # no splicing: none beats the prefix entry
+    assert cp.best_lender("bob", prompt, 300, 256, 64) is None
