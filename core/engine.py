@@ -148,9 +148,12 @@ class Engine:
         if n > limit:
             raise PromptTooLong(n, limit)
 
-    def check_decoding(self, policy: DecodingPolicy) -> None:
-        """:class:`InvalidRequest` for a decoding mode this server cannot run (checked before a
-        session's KV is touched: a refused request must not cost it its cache)."""
+    def check_turn(self, prompt: Prompt, params: TurnParams) -> None:
+        """What makes a turn impossible, raised before a session's KV is touched (a refused
+        request must not cost it its cache): the prompt against the context, and a decoding
+        mode this server cannot run (:class:`InvalidRequest`)."""
+        self.check_prompt(prompt)
+        policy = params.decoding
         if policy.mode is DecodeMode.SPECATTN and self.target_ctx.view_seq < 0:
             raise InvalidRequest("specattn needs a unified KV cache: start the server with --kv-layout unified "
                                  "(or --slots 1)")
@@ -224,9 +227,8 @@ class Engine:
         """One turn in ``slot``.  With ``kv`` (the session whose KV the slot holds) only
         the delta against the session's tokens is prefilled; without it, the slot is
         emptied first."""
-        self.check_prompt(prompt)
         params = self._pick_decoding(params, len(prompt))
-        self.check_decoding(params.decoding)
+        self.check_turn(prompt, params)
         persistent = kv is not None
         if kv is None:
             kv = SessionKV()

@@ -294,8 +294,7 @@ class SessionManager:
         def rendered(engine: Engine) -> Prompt:
             prompt = work.render(engine)
             if check:
-                engine.check_prompt(prompt)
-                engine.check_decoding(work.params.decoding)
+                engine.check_turn(prompt, work.params)
             return prompt
         async with self.admission.side_call():  # bounded: a flood is a 429, not a stall
             return await self.worker.call(rendered)

@@ -184,8 +184,7 @@ class Residency:
         if work.cancel.is_set():
             raise TurnCancelled("the client left before the turn started")
         prompt = work.render(engine)
-        engine.check_prompt(prompt)  # before another session's KV is disturbed
-        engine.check_decoding(work.params.decoding)
+        engine.check_turn(prompt, work.params)  # before another session's KV is disturbed
         seat = self.slots.seat(object())
         evicted = self._park(engine, seat)
         kv, start = SessionKV(), PrefixStart()
@@ -203,8 +202,7 @@ class Residency:
         if work.cancel.is_set():
             raise TurnCancelled("the turn was cancelled before it started")
         prompt = work.render(engine)
-        engine.check_prompt(prompt)  # a bad prompt must not cost the session its cache
-        engine.check_decoding(work.params.decoding)
+        engine.check_turn(prompt, work.params)  # a bad request must not cost the session its cache
         seat = self.slots.seat(session)
         evicted = self._park(engine, seat)
         rebuilt, start = False, PrefixStart()

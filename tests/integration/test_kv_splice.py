@@ -4,6 +4,8 @@ tiny target) and NORM (SmolLM2) rotary layouts, V stored plain and transposed.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 import numpy as np
 import pytest
@@ -57,8 +59,6 @@ def test_a_moved_run_attends_as_llama_cpps_k_shift_makes_it(model, flash_attn):
         mine.decode(X, 0, logits_last=False)
         unrotated = seq_cells.parse(src.save(), src.id)
         run = unrotated.take(np.flatnonzero((unrotated.positions >= len(X)) & (unrotated.positions < probe - D)))
-        import dataclasses
-
         base = seq_cells.parse(mine.save(), mine.id)
         mine.load(seq_cells.write(base.join(dataclasses.replace(
             run, positions=run.positions + D))))
