@@ -86,8 +86,8 @@ async def open_layer(engine: EngineConfig, s: LayerSettings) -> AsyncIterator[Se
         manager = SessionManager(worker, store, parked, admission, writer, s.limits, s.session_ttl_s, registry,
                                  s.prefix_min_tokens, s.implicit_min_share, tier, s.kv_checkpoint_tokens,
                                  s.splice_min_tokens)
-        if s.catch_up_tokens or manager.residency.checkpoints is not None:  # scorers caught up, sessions saved
-            worker.idle = lambda engine: manager.residency.idle(engine, s.catch_up_tokens)
+        # prefix entries copied, scorers caught up, sessions checkpointed
+        worker.idle = lambda engine: manager.residency.idle(engine, s.catch_up_tokens)
         admission.start()
         stack.push_async_callback(admission.stop)
         registry.start(manager.held, manager.forget)

@@ -12,7 +12,7 @@ import numpy as np
 
 from core.errors import EngineError
 from core.kv.positions import SessionKV, dense_prefix, speculator_backlog
-from core.kv.rope import model_rope, rotate
+from core.kv.rope import Rope, model_rope, rotate
 from core.llama import seq_cells
 from core.llama.context import Context
 from core.specprefill.cost_model import Costs
@@ -55,39 +55,21 @@ class SlotKV:
                 adopted = n
         return adopted
 
-    def copy_prefix(self, tokens: tuple[int, ...], slot: int, donor: SessionKV,
-                    donor_slot: int) -> tuple[bytes, bytes] | None:
-        """The state for exactly ``tokens``, copied from ``donor`` (resident in ``donor_slot``,
-        idle) through the empty ``slot``, which is left empty again; None when the donor does
-        not hold all of ``tokens`` densely in the target.  The speculator's part is empty
-        when the donor's speculator does not hold them (deferred by the tool guard): a session
-        restored from it catches its speculator up later, as that donor would have."""
+    def cut_prefix(self, tokens: tuple[int, ...], slot: int, holder: SessionKV,
+                   with_scorer: bool = False) -> tuple[bytes, bytes] | None:
+        """The state for exactly ``tokens``, cut from the idle session ``holder`` resident in
+        ``slot``, which is left as it was: a shared prefix's cache entry, copied, never
+        computed.  None when the target does not hold all of ``tokens`` densely, or, with
+        ``with_scorer``, the speculator does not.  Else the speculator's part is empty where
+        the scorer lags (deferred by the tool guard): a session restored from the entry
+        catches its scorer up later, as the holder does."""
         n = len(tokens)
-        if dense_prefix(donor.target, tokens) < n:
+        if dense_prefix(holder.target, tokens) < n:
             return None
-        with_speculator = dense_prefix(donor.speculator, tokens) >= n
-        for ctx in (self.target_ctx, self.speculator_ctx) if with_speculator else (self.target_ctx,):
-            ctx.copy_seq(donor_slot, slot)
-            ctx.seq(slot).remove_from(n)
-        blobs = (self.target_ctx.seq(slot).save(), self.speculator_ctx.seq(slot).save() if with_speculator else b"")
-        self.load(None, slot)
-        return blobs
-
-    def cut_prefix(self, tokens: tuple[int, ...], slot: int, holder: SessionKV) -> tuple[bytes, bytes] | None:
-        """The state for exactly ``tokens`` in both models, cut from the idle session resident
-        in ``slot`` (its own KV is saved first and put back after): a shared prefix's entry
-        gains the speculator's part once idle catch-up has brought a session's scorer past it.
-        None when the session does not hold all of ``tokens`` densely in both models."""
-        n = len(tokens)
-        if min(dense_prefix(holder.target, tokens), dense_prefix(holder.speculator, tokens)) < n:
+        scorer = dense_prefix(holder.speculator, tokens) >= n
+        if with_scorer and not scorer:
             return None
-        whole = self.save(slot)
-        try:
-            for ctx in (self.target_ctx, self.speculator_ctx):
-                ctx.seq(slot).remove_from(n)
-            return self.save(slot)
-        finally:
-            self.load(whole, slot)
+        return _cut(self.target_ctx, slot, n), _cut(self.speculator_ctx, slot, n) if scorer else b""
 
     def catch_up_speculator(self, kv: SessionKV, slot: int, max_tokens: int) -> int:
         """Prefill up to ``max_tokens`` of what the scorer's sequence in ``slot`` lacks of the
@@ -140,20 +122,62 @@ class SlotKV:
         rotated for the move (core.kv.rope): a run of another conversation's KV reused at
         another position, without a K-shift of the whole context.  Returns the bytes moved.
         The cells keep what they attended to where they were computed: an approximation
-        (llama-server's ``--cache-reuse`` makes the same one), exact in their own run."""
+        (llama-server's ``--cache-reuse`` makes the same one), exact in their own run.
+
+        In a unified cache only the run's cells travel, through the scratch sequence: tagged
+        there, saved, rewritten, loaded back as new cells and shared with the slot.  Between
+        split streams both sequences are saved whole, joined and loaded back."""
         rope = model_rope(self.target_ctx.model)
         if rope is None:
             raise EngineError("this model's rotary embedding cannot be applied again to saved K")
-        seq, donor = self.target_ctx.seq(slot), self.target_ctx.seq(donor_slot)
-        theirs = seq_cells.parse(donor.save(), donor.id)
-        at = np.flatnonzero((theirs.positions >= src) & (theirs.positions < src + n))
-        at = at[np.argsort(theirs.positions[at])]
-        if not np.array_equal(theirs.positions[at], np.arange(src, src + n)):
-            raise EngineError(f"the donor does not hold every position in [{src}, {src + n})")
-        run = theirs.take(at)
-        k = tuple(seq_cells.from_rows(rotate(seq_cells.k_rows(rows, kind), dst - src, rope), kind)
-                  for rows, kind in zip(run.k, run.k_types, strict=True))
-        mine = seq_cells.parse(seq.save(), seq.id)
-        seq.load(seq_cells.write(mine.join(dataclasses.replace(
-            run, positions=np.arange(dst, dst + n, dtype=np.int32), k=k))))
+        ctx = self.target_ctx
+        seq, donor = ctx.seq(slot), ctx.seq(donor_slot)
+        if ctx.scratch_seq < 0:
+            run = _moved(seq_cells.parse(donor.save(), donor.id), src, dst, n, rope)
+            mine = seq_cells.parse(seq.save(), seq.id)
+            seq.load(seq_cells.write(mine.join(dataclasses.replace(run, seq_id=seq.id))))
+            return sum(x.nbytes for x in (*run.k, *run.v))
+        scratch = ctx.scratch()
+        scratch.clear()
+        try:
+            ctx.share(donor.id, scratch.id, src, src + n)
+            run = _moved(seq_cells.parse(scratch.save(), scratch.id), src, dst, n, rope)
+            scratch.load(seq_cells.write(run))
+            ctx.share(scratch.id, seq.id, dst, dst + n)
+        finally:
+            scratch.clear()
         return sum(x.nbytes for x in (*run.k, *run.v))
+
+
+def _cut(ctx: Context, slot: int, n: int) -> bytes:
+    """The first ``n`` positions of ``slot``'s sequence, saved.  In a unified cache they are
+    tagged with the scratch sequence and saved from there (only those cells are copied);
+    between split streams the sequence is saved whole, cut, saved and put back."""
+    if ctx.scratch_seq >= 0:
+        via = ctx.scratch()
+        via.clear()
+        try:
+            ctx.share(slot, via.id, 0, n)
+            return via.save()
+        finally:
+            via.clear()
+    seq = ctx.seq(slot)
+    whole = seq.save()
+    try:
+        seq.remove_from(n)
+        return seq.save()
+    finally:
+        seq.load(whole)
+
+
+def _moved(theirs: seq_cells.Cells, src: int, dst: int, n: int, rope: Rope) -> seq_cells.Cells:
+    """The cells of ``theirs`` at positions [src, src + n), in position order, relabelled to
+    [dst, dst + n) with their K rotated by the distance."""
+    at = np.flatnonzero((theirs.positions >= src) & (theirs.positions < src + n))
+    at = at[np.argsort(theirs.positions[at])]
+    if not np.array_equal(theirs.positions[at], np.arange(src, src + n)):
+        raise EngineError(f"the donor does not hold every position in [{src}, {src + n})")
+    run = theirs.take(at)
+    k = tuple(seq_cells.from_rows(rotate(seq_cells.k_rows(rows, kind), dst - src, rope), kind)
+              for rows, kind in zip(run.k, run.k_types, strict=True))
+    return dataclasses.replace(run, positions=np.arange(dst, dst + n, dtype=np.int32), k=k)

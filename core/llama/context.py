@@ -34,6 +34,10 @@ class Context:
     (``seq_cp``, no data is copied), a batch decoded through the view attends only to
     it, ``commit_view`` adds chosen new cells to the slot, and ``drop_view`` removes the
     tag, freeing the cells only the view held.  A slot never loses a cell to its view.
+
+    A unified cache of several slots has one more sequence id, ``scratch_seq``: cells
+    are tagged with it to be saved or rewritten apart from the slots that share them
+    (:meth:`share`), on the model thread between two decodes, and untagged after.
     """
 
     def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int,
@@ -45,7 +49,8 @@ class Context:
         if views and not unified:
             raise EngineError("sequence views need a unified KV cache")
         params = llama_cpp.llama_context_default_params()
-        params.n_seq_max = n_seq + (1 if views else 0)
+        scratch = unified and n_seq > 1
+        params.n_seq_max = n_seq + (1 if views else 0) + (1 if scratch else 0)
         params.n_ctx = n_ctx * n_seq if unified else n_ctx * params.n_seq_max
         params.n_batch = n_batch
         params.n_ubatch = n_ubatch
@@ -78,6 +83,7 @@ class Context:
         self.n_ctx = n_ctx if unified else int(llama_cpp.llama_n_ctx_seq(self._ptr))
         self.n_seq, self.unified = n_seq, unified
         self.view_seq = n_seq if views else -1
+        self.scratch_seq = params.n_seq_max - 1 if scratch else -1
         self.n_batch = n_batch
         self._mem = llama_cpp.llama_get_memory(self._ptr)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 2)
@@ -113,6 +119,19 @@ class Context:
     def seq_pos_max(self, seq_id: int) -> int:
         """The last position any cell of ``seq_id`` holds (-1: none); also for the view."""
         return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
+
+    def share(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Tag ``src``'s cells at positions [p0, p1) with ``dst`` too (unified only: no data
+        moves, the cells are shared; ``dst`` keeps what it held)."""
+        if not self.unified:
+            raise EngineError("cells are shared between sequences only in a unified KV cache")
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def scratch(self) -> Seq:
+        """The scratch sequence (empty between uses; see the class notes)."""
+        if self.scratch_seq < 0:
+            raise EngineError("this context has no scratch sequence (a unified cache of several slots has)")
+        return Seq(self, self.scratch_seq)
 
     def copy_seq(self, src: int, dst: int) -> None:
         """Make ``dst`` hold exactly ``src``'s cells (between split streams: a buffer copy)."""

@@ -59,6 +59,9 @@ class PrefixCache:
         # entries kept without the speculator's part (copied from a session whose scorer was
         # deferred): key -> (owner, tokens), completed in idle time (Residency.complete_prefix)
         self.lacking: dict[str, tuple[str, tuple[int, ...]]] = {}
+        # wanted entries an idle resident session holds (a sibling conversation adopted the
+        # prefix from it): key -> (owner, tokens), copied in idle time, off the reply path
+        self.unfilled: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.completed = 0
 
     @staticmethod
@@ -115,6 +118,23 @@ class PrefixCache:
         if self.tier is not None:
             self.tier.drop(key)
 
+    def want(self, key: str, owner: str, tokens: tuple[int, ...]) -> None:
+        """``key`` is wanted and a resident session holds it: copy it in idle time
+        (Residency.complete_prefix), unless it is cached or being built meanwhile."""
+        if key not in self.unfilled and len(self.unfilled) < SEEN_KEYS and not self.building(key) \
+                and self.get(key) is None and self.wanted(key):
+            self.unfilled[key] = (owner, tokens)
+
+    def fill(self, key: str, owner: str, tokens: tuple[int, ...], blobs: Blobs) -> list[str]:
+        """The entry for ``key``, copied from a resident session: kept here and in the tier
+        (unless it was cached or built meanwhile).  Returns the parked sessions evicted."""
+        self.unfilled.pop(key, None)
+        if self.building(key) or self.get(key) is not None:
+            return []
+        self.note(key, owner, tokens, blobs)
+        self.copied += 1
+        return self.finish(key, blobs)
+
     def note(self, key: str, owner: str, tokens: tuple[int, ...], blobs: Blobs) -> None:
         """Remember an entry whose speculator part is missing, to complete it in idle time."""
         if not blobs[1] and len(self.lacking) < SEEN_KEYS:
@@ -134,6 +154,7 @@ class PrefixCache:
         self._building.discard(key)
         if blobs is None:
             return []
+        self.unfilled.pop(key, None)
         if self.tier is not None:
             self.tier.put(key, blobs)
         return self.parked.put(key, blobs, spill=False)

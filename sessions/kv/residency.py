@@ -120,23 +120,31 @@ class Residency:
         return done
 
     def idle(self, engine: Engine, catch_up_tokens: int) -> bool:
-        """One piece of idle work: catch a scorer up, else complete a shared prefix's entry,
-        else checkpoint a session; False: none."""
-        return (catch_up_tokens > 0 and self.catch_up(engine, catch_up_tokens) > 0) or \
-            self.complete_prefix(engine) or self.checkpoint(engine)
+        """One piece of idle work: fill or complete a shared prefix's entry (one copy, and the
+        tier then serves it to other replicas), else catch a scorer up, else checkpoint a
+        session; False: none."""
+        return self.complete_prefix(engine) or \
+            (catch_up_tokens > 0 and self.catch_up(engine, catch_up_tokens) > 0) or self.checkpoint(engine)
 
     def complete_prefix(self, engine: Engine) -> bool:
-        """Idle time: give a shared prefix's entry kept without the speculator's part (copied
-        from a session whose scorer the tool guard deferred) that part, cut from an idle
-        resident session of its owner whose scorer has caught up past it.  Sessions started
-        from the entry then hold the prefix in both models, so their scorer lags by their own
-        tokens only, and a later turn can score just its new ones (issue 41)."""
-        for key, (owner, tokens) in list(self.prefixes.lacking.items()):
-            for slot, holder in self._idle_sessions():
-                blobs = engine.slot_kv.cut_prefix(tokens, slot, holder.kv) if holder.owner == owner else None
-                if blobs is not None:
-                    self.prefixes.complete(key, blobs)
-                    log.info("prefix_completed", tokens=len(tokens), from_session=holder.id)
+        """Idle time: copy a wanted shared prefix's entry from an idle resident session of its
+        owner that holds it (a sibling conversation adopted it from there, and left the copy
+        for now, off its reply path); else give an entry kept without the speculator's part
+        (copied from a session whose scorer the tool guard deferred) that part, from a session
+        whose scorer has caught up past it.  Sessions started from the entry then hold the
+        prefix in both models, so their scorer lags by their own tokens only, and a later turn
+        can score just its new ones (issue 41)."""
+        for pending, with_scorer in ((self.prefixes.unfilled, False), (self.prefixes.lacking, True)):
+            for key, (owner, tokens) in list(pending.items()):
+                for slot, holder in self._idle_sessions():
+                    blobs = engine.slot_kv.cut_prefix(tokens, slot, holder.kv, with_scorer) \
+                        if holder.owner == owner else None
+                    if blobs is None:
+                        continue
+                    evicted = self.prefixes.complete(key, blobs) if with_scorer \
+                        else self.prefixes.fill(key, owner, tokens, blobs)
+                    log.info("prefix_completed" if with_scorer else "prefix_cached", tokens=len(tokens),
+                             copied_from=holder.id, with_scorer=bool(blobs[1]), evicted=len(evicted))
                     return True
         return False
 
@@ -267,14 +275,15 @@ class Residency:
                 lent.seconds = time.perf_counter() - t0
                 return lent
         if covered or not n or not self.prefixes.wanted(key):
-            evicted = self._fill_from(engine, key, prompt.tokens[:n], slot, donor) if covered else []
+            if covered:
+                self.prefixes.want(key, owner, prompt.tokens[:n])
             shared = self._adopt(engine, kv, prompt.tokens, slot, donor)
             spliced, gap = 0, 0
             if shared and donor is not None:
                 spliced, gap = yield from self._splice(engine, kv, prompt.tokens, slot, donor[0], donor[1].kv,
                                                        donor[1].id)
-            return PrefixStart(shared=shared + spliced, seconds=time.perf_counter() - t0, evicted=evicted,
-                               source="resident", spliced=spliced, gap=gap)
+            return PrefixStart(shared=shared + spliced, seconds=time.perf_counter() - t0, source="resident",
+                               spliced=spliced, gap=gap)
         if self.prefixes.building(key):
             self.prefixes.waits += 1
             yield Wait(lambda: not self.prefixes.building(key))
@@ -296,23 +305,6 @@ class Residency:
             evicted += self.prefixes.finish(key, blobs)
         log.info("prefix_cached", tokens=n)
         return PrefixStart(built=n, seconds=time.perf_counter() - t0, evicted=evicted, source="built")
-
-    def _fill_from(self, engine: Engine, key: str, prefix: tuple[int, ...], slot: int,
-                   donor: tuple[int, Session, int] | None) -> list[str]:
-        """The cache entry for ``prefix``, copied from ``donor`` when it is wanted and missing (a
-        copy, never a recompute; the speculator's part only where the donor holds it).  Returns
-        the parked sessions evicted to make room."""
-        if donor is None or self.prefixes.building(key) or self.prefixes.get(key) is not None \
-                or not self.prefixes.wanted(key):
-            return []
-        donor_slot, holder, _ = donor
-        blobs = engine.slot_kv.copy_prefix(prefix, slot, holder.kv, donor_slot)
-        if blobs is None:
-            return []
-        self.prefixes.note(key, holder.owner, prefix, blobs)
-        self.prefixes.copied += 1
-        log.info("prefix_cached", tokens=len(prefix), copied_from=holder.id)
-        return self.prefixes.finish(key, blobs)
 
     def _donor(self, owner: str, tokens: tuple[int, ...]) -> tuple[int, Session, int] | None:
         """(slot, session, tokens) of the idle resident session of ``owner`` that holds the

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from core.errors import EngineError
+from core.kv.positions import SessionKV
 from core.kv.slot_state import SlotKV
 from core.llama import seq_cells
 from core.llama.context import Context
@@ -30,9 +31,13 @@ def model(request):
     m.close()
 
 
+@pytest.mark.parametrize("unified", [False, True], ids=["split", "unified"])
 @pytest.mark.parametrize("flash_attn", [True, False], ids=["v-rows", "v-transposed"])
-def test_a_moved_run_attends_as_llama_cpps_k_shift_makes_it(model, flash_attn):
-    ctx = Context(model, n_ctx=512, n_batch=128, n_ubatch=128, n_threads=2, flash_attn=flash_attn, n_seq=3)
+def test_a_moved_run_attends_as_llama_cpps_k_shift_makes_it(model, flash_attn, unified):
+    """In a unified cache the run travels alone, through the scratch sequence (left empty),
+    and the prefix stays shared; between split streams both sequences are saved whole."""
+    ctx = Context(model, n_ctx=512, n_batch=128, n_ubatch=128, n_threads=2, flash_attn=flash_attn, n_seq=3,
+                  unified=unified)
     try:
         kv = SlotKV(ctx, ctx, Costs(), lambda n: 1)
         src, ref, mine = ctx.seq(0), ctx.seq(1), ctx.seq(2)
@@ -41,6 +46,10 @@ def test_a_moved_run_attends_as_llama_cpps_k_shift_makes_it(model, flash_attn):
         mine.decode(X, 0, logits_last=False)
         moved = kv.splice(mine.id, src.id, len(X), len(X) + D, len(Z))
         assert moved > 0 and mine.pos_max() == len(X) + D + len(Z) - 1
+        run_bytes = seq_cells.parse(src.save(), src.id).take(np.arange(len(Z)))
+        assert moved == sum(x.nbytes for x in (*run_bytes.k, *run_bytes.v))  # the run's cells, no more
+        if unified:
+            assert ctx.scratch_seq >= 0 and ctx.seq_pos_max(ctx.scratch_seq) == -1
         cells = seq_cells.parse(mine.save(), mine.id)
         assert cells.v_trans is not flash_attn
         assert sorted(cells.positions.tolist()) == [*range(len(X)), *range(len(X) + D, len(X) + D + len(Z))]
@@ -68,9 +77,11 @@ def test_a_moved_run_attends_as_llama_cpps_k_shift_makes_it(model, flash_attn):
         ctx.close()
 
 
-def test_a_run_the_donor_does_not_hold_whole_is_refused(tiny_target):
+@pytest.mark.parametrize("unified", [False, True], ids=["split", "unified"])
+def test_a_run_the_donor_does_not_hold_whole_is_refused(tiny_target, unified):
     model = Model(str(tiny_target))
-    ctx = Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, flash_attn=True, n_seq=2)
+    ctx = Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, flash_attn=True, n_seq=2,
+                  unified=unified)
     try:
         kv = SlotKV(ctx, ctx, Costs(), lambda n: 1)
         ctx.seq(0).decode(X, 0, logits_last=False)
@@ -78,9 +89,43 @@ def test_a_run_the_donor_does_not_hold_whole_is_refused(tiny_target):
         with pytest.raises(EngineError, match="every position"):
             kv.splice(1, 0, 30, 40, 20)  # positions 40..49 are not there
         assert ctx.seq(1).pos_max() == 7  # left as it was
+        assert not unified or ctx.seq_pos_max(ctx.scratch_seq) == -1
     finally:
         ctx.close()
         model.close()
+
+
+@pytest.mark.parametrize("unified", [False, True], ids=["split", "unified"])
+def test_a_prefix_cut_from_a_resident_session_leaves_it_as_it_was(tiny_target, unified):
+    """A shared prefix's entry, cut from an idle session in idle time: exactly the prefix's
+    cells, which restore into another slot and continue as the session itself would."""
+    model = Model(str(tiny_target))
+    ctx = Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, flash_attn=True, n_seq=2,
+                  unified=unified)
+    try:
+        kv = SlotKV(ctx, ctx, Costs(), lambda n: 1)
+        holder = SessionKV()
+        ctx.seq(0).decode(X + Z, 0, logits_last=False)
+        holder.target.extend(X + Z, range(len(X) + len(Z)))
+        assert kv.cut_prefix(tuple(X), 0, holder, with_scorer=True) is None  # its scorer holds nothing
+        assert kv.cut_prefix(tuple(X + [1]), 0, holder) is None  # not what it holds
+        target, scorer = kv.cut_prefix(tuple(X), 0, holder)
+        assert scorer == b"" and sorted(seq_cells.parse(target, seq_cells_id(target)).positions) == list(range(len(X)))
+        assert ctx.seq(0).pos_max() == len(X) + len(Z) - 1
+        assert not unified or ctx.seq_pos_max(ctx.scratch_seq) == -1
+        ctx.seq(1).load(target)
+        ctx.seq(1).decode(Z[:1], len(X))
+        ctx.seq(0).remove_from(len(X) + 1)
+        ctx.seq(0).decode(Z[1:2], len(X) + 1)  # the holder still continues from its own cells
+        assert ctx.seq(1).pos_max() == len(X)
+    finally:
+        ctx.close()
+        model.close()
+
+
+def seq_cells_id(blob: bytes) -> int:
+    """The sequence id a saved state was written from (its second word)."""
+    return int(np.frombuffer(blob[4:8], dtype="<i4")[0])
 
 
 SYSTEM = "You operate the plant. Units report flow, pressure and temperature every minute. " * 40
@@ -99,10 +144,12 @@ def sibling_turn(base: str, sid: str, task: str, extra: list | None = None) -> d
     return r.json()
 
 
-@pytest.mark.parametrize("splice_min_tokens", [256, 0], ids=["splice", "off"])
+@pytest.mark.parametrize(("splice_min_tokens", "layout"), [(256, "split"), (256, "unified"), (0, "split")],
+                         ids=["splice", "splice-unified", "off"])
 def test_a_sibling_conversation_reuses_the_block_after_its_own_task(tiny_target, tiny_speculator,
-                                                                    splice_min_tokens):
-    gw = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2}, splice_min_tokens=splice_min_tokens)
+                                                                    splice_min_tokens, layout):
+    gw = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2, "kv_layout": layout},
+                       splice_min_tokens=splice_min_tokens)
     try:
         sibling_turn(gw.base, "s-1", "Say hello.")
         second = sibling_turn(gw.base, "s-2", "Which unit raised the last pressure alarm, and when exactly?")
