@@ -5,8 +5,9 @@ with no session named, as Claude Code sends it:
 
 1. cold: the first conversation (dense: the tool guard keeps every token);
 2. sibling: another task with the same system prompt and tools, same process (the prefix
-   is copied from the first conversation's KV, and the prefix-cache entry filled from
-   that copy and written to the KV tier);
+   is copied from the first conversation's KV; the prefix-cache entry is filled from it
+   in idle time and written to the KV tier), then its next turn, ``sibling_next``: a
+   request with a few new tokens and no prefix work, the sibling's reference;
 3. replica: a second server, started beside the first on the same KV tier folder (a
    shared mount), gets a third task: it has never seen the prompt, and reads the prefix
    the first one wrote;
@@ -19,7 +20,9 @@ with no session named, as Claude Code sends it:
    and restores the checkpoint instead of prefilling the conversation.
 
 Then the same cold, sibling and replica arms on the Redis backend (``--kv-tier-dir redis://``,
-for deployments with Redis and no shared disk).
+for deployments with Redis and no shared disk), and cold, sibling and sibling_next on one
+unified KV pool (``--kv-layout unified``: slots share cells, so a sibling's prefix is shared,
+not copied, and only the spliced run's cells move).
 
 Last, the peer a user would pick instead, on the same requests: llama.cpp's own
 ``llama-server`` (``ops/build_llama_server.sh``), one slot, its RAM prompt cache and
@@ -79,15 +82,17 @@ class Arms:
     """Servers on one KV tier (a folder or a Redis URL) beside one redis-server, and the rows
     of the requests sent to them."""
 
-    def __init__(self, engine: EngineConfig, tier: str, backend: str, redis_port: int, logs: Path) -> None:
+    def __init__(self, engine: EngineConfig, tier: str, backend: str, redis_port: int, logs: Path,
+                 **flags: str) -> None:
         self.engine, self.tier, self.backend, self.redis_port, self.logs = engine, tier, backend, redis_port, logs
+        self.flags = flags  # more serve flags
         self.rows: list[dict[str, Any]] = []
 
     def serve(self, name: str) -> tuple[Any, Path, list[int]]:
         port, pids = free_port(), list[int]()
         log = self.logs / f"agent_scale_{self.backend}_{name}.log"
         cmd = specgate_cmd(port, self.engine, kv_tier_dir=self.tier, log_level="info",
-                           redis_url=f"redis://127.0.0.1:{self.redis_port}/0")
+                           redis_url=f"redis://127.0.0.1:{self.redis_port}/0", **self.flags)
         return server(cmd, port, log, pids), log, pids
 
     def ask(self, base: str, log: Path, pid: int, arm: str, doc: dict[str, Any], sid: str = "") -> None:
@@ -113,8 +118,11 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
         redis = Arms(engine, f"redis://127.0.0.1:{rport}/1", "redis", rport, logs)
         redis_arms(redis)
         redis_bytes = redis_used(rport)
+        unified = Arms(engine, str(Path(tempfile.mkdtemp(prefix="specgate-kv-tier-"))), "unified", rport, logs,
+                       kv_layout="unified")
+        unified_arms(unified)
     peer = llama_server_arms(engine, logs)
-    return summarize(folder.rows + redis.rows + peer, tier, redis_bytes, out, engine)
+    return summarize(folder.rows + redis.rows + unified.rows + peer, tier, redis_bytes, out, engine)
 
 
 def directory_arms(a: Arms) -> None:
@@ -135,12 +143,27 @@ def redis_arms(a: Arms) -> None:
     first_and_replica(a)
 
 
+def unified_arms(a: Arms) -> None:
+    """One unified pool: cold, sibling and its reference on one server."""
+    first, first_log, first_pids = a.serve("first")
+    with first as base:
+        siblings(a, base, first_log, first_pids[0])
+
+
+def siblings(a: Arms, base: str, log: Path, pid: int) -> None:
+    """cold, sibling, and the sibling's next turn (its reference: a few new tokens, no prefix
+    work), each after the idle work the one before left (the entry's copy, the scorers)."""
+    for arm, doc in (("cold", body(TASKS[0])), ("sibling", body(TASKS[1])),
+                     ("sibling_next", next_turn(body(TASKS[1])))):
+        a.ask(base, log, pid, arm, doc)
+        quiet(base)
+
+
 def first_and_replica(a: Arms) -> None:
     """cold and sibling on a first server, then replica on a second one beside it (same tier)."""
     first, first_log, first_pids = a.serve("first")
     with first as base:
-        a.ask(base, first_log, first_pids[0], "cold", body(TASKS[0]))
-        a.ask(base, first_log, first_pids[0], "sibling", body(TASKS[1]))
+        siblings(a, base, first_log, first_pids[0])
         # the tier's writes run off the reply path, and idle work (the scorers caught up, both
         # sessions checkpointed) would share these 2 cores with the replica: let both finish
         wait_for(lambda: checkpoints(base) >= 2)
@@ -210,6 +233,17 @@ def checkpoints(base: str) -> float:
     return metric(base, "specgate_session_checkpoints_total")
 
 
+def quiet(base: str, settle_s: float = 3.0) -> None:
+    """Wait until the server's idle work (scorers caught up, entries copied, checkpoints) has
+    run out: its count of idle chunks stops moving."""
+    last, since = -1.0, time.monotonic()
+    while time.monotonic() - since < settle_s:
+        time.sleep(0.5)
+        now = metric(base, "specgate_idle_chunks_total")
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 def wait_for(check: Callable[[], bool], timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -237,6 +271,9 @@ def summarize(rows: list[dict[str, Any]], tier: Path, redis_bytes: int, out: Pat
                         "load_gb_per_s": round(r["prefix_bytes"] / 1e9 / (r["prefix_ms"] / 1e3), 2),
                         "load_vs_dense_prefill": round(r["prefix_ms"] / (r["prefix_shared_n"] * dense_per_token_ms),
                                                        3)})
+        ref = next((c for c in rows if c["backend"] == r["backend"] and c["arm"] == "sibling_next"), None)
+        if r["arm"] == "sibling" and ref is not None:  # the issue's bound: within 1.2x of its next turn
+            one["vs_reference"] = round(r["ttft_ms"] / ref["ttft_ms"], 2)
         summary[f"{r['backend']}/{r['arm']}"] = one
     summary["kv_tier_bytes"] = {"directory": sum(p.stat().st_size for p in tier.rglob("*.kv")),
                                 "redis_used_memory": redis_bytes}

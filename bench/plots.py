@@ -261,8 +261,8 @@ def stateless(summary: dict[str, Any], out: Path) -> None:
 def agent_scale(summary: dict[str, Any], out: Path) -> None:
     """TTFT of each arm of ``bench agent_scale``, by backend, with the share of the prompt reused."""
     arms = [k for k in summary if "/" in k]
-    colors = {"directory": "tab:blue", "redis": "tab:red", "llama_server": "tab:grey"}
-    fig, ax = plt.subplots(figsize=(10, 4.4))
+    colors = {"directory": "tab:blue", "redis": "tab:red", "unified": "tab:purple", "llama_server": "tab:grey"}
+    fig, ax = plt.subplots(figsize=(12, 4.6))
     ttft = [summary[k]["ttft_s"] for k in arms]
     ax.bar(range(len(arms)), ttft, color=[colors.get(k.split("/")[0], "tab:green") for k in arms])
     for i, k in enumerate(arms):
@@ -273,10 +273,11 @@ def agent_scale(summary: dict[str, Any], out: Path) -> None:
         ax.annotate(note, (i, ttft[i]), ha="center", textcoords="offset points", xytext=(0, 3), fontsize=7)
     ax.set_xticks(range(len(arms)))
     ax.set_xticklabels([k.replace("/", "\n") for k in arms], fontsize=7)
-    ax.set_ylim(0, max(ttft) * 1.3)
-    ax.set_ylabel("TTFT (s)")
+    ax.set_yscale("log")  # minutes cold, tenths of a second for a sibling
+    ax.set_ylim(min(ttft) / 2, max(ttft) * 4)
+    ax.set_ylabel("TTFT (s, log scale)")
     ax.set_title("A Claude Code-sized prefix (~11.8K tokens) once computed: SpecGate's KV tier "
-                 "(directory, Redis) and llama-server, 2 CPU cores", fontsize=9)
+                 "(directory, Redis; split and unified KV) and llama-server, 2 CPU cores", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     _save(fig, out)
 
