@@ -233,9 +233,10 @@ def checkpoints(base: str) -> float:
     return metric(base, "specgate_session_checkpoints_total")
 
 
-def quiet(base: str, settle_s: float = 3.0) -> None:
+def quiet(base: str, settle_s: float = 10.0) -> None:
     """Wait until the server's idle work (scorers caught up, entries copied, checkpoints) has
-    run out: its count of idle chunks stops moving."""
+    run out: its count of idle chunks stops moving for ``settle_s`` (one catch-up chunk at
+    12K deep takes ~3 s on the 2-core VM, and is counted when it ends)."""
     last, since = -1.0, time.monotonic()
     while time.monotonic() - since < settle_s:
         time.sleep(0.5)
