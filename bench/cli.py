@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="concurrency: one session runs alone first, then the others start together")
     parser.add_argument("--scorers", default="", help="scorers: the arms besides today's, as scorer/agg, e.g. "
                         "target-early:9/filter-sum,speculator-early:8/max")
+    parser.add_argument("--kv-layout", choices=("split", "unified"), default="split",
+                        help="coding_agents: the replica's KV layout (default split; unified writes "
+                        "coding_agents_unified.json)")
     parser.add_argument("--target", default=None)
     parser.add_argument("--speculator", default=None)
     parser.add_argument("--scorer", default=None,
@@ -225,7 +228,9 @@ def agent_scale(r: Run) -> Any:
 def coding_agents(r: Run) -> Any:
     from bench import coding_agents
 
-    return coding_agents.run(r.engine, r.path("coding_agents"))
+    layout = r.args.kv_layout
+    return coding_agents.run(r.engine, r.path("coding_agents" if layout == "split" else f"coding_agents_{layout}"),
+                             layout)
 
 
 def depth(r: Run) -> Any:

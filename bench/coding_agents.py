@@ -70,12 +70,12 @@ def opencode_result(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return {"ok": done.returncode == 0 and "error" not in done.stdout.lower(), "reply": done.stdout.strip()[-200:]}
 
 
-def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
+def run(engine: EngineConfig, out: Path, kv_layout: str = "split") -> dict[str, Any]:
     if gone := agent_clis.missing():
         raise RuntimeError(f"{gone} missing: `bash ops/setup.sh --test` installs the agent CLIs")
     work = Path(tempfile.mkdtemp(prefix="specgate-coding-agents-"))
     env = {"SPECGATE_TARGET": engine.target, "SPECGATE_SPECULATOR": engine.speculator,
-           "SPECGATE_KV_TIER_DIR": str(work / "tier"), "SPECGATE_LOG_LEVEL": "info"}
+           "SPECGATE_KV_TIER_DIR": str(work / "tier"), "SPECGATE_LOG_LEVEL": "info", "SPECGATE_KV_LAYOUT": kv_layout}
     arms: list[dict[str, Any]] = []
     with running(work / "cluster", 1, env) as cluster:
         log, mark = cluster.dir / "replica-1.log", 0
@@ -109,10 +109,11 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
             codex_result)
         arm("opencode", lambda: agent_clis.opencode(base, opencode_repo, "Reply with one word: hello", n_ctx),
             opencode_result)
-    return summarize(arms, n_ctx, out, engine)
+    return summarize(arms, n_ctx, kv_layout, out, engine)
 
 
-def summarize(arms: list[dict[str, Any]], n_ctx: int, out: Path, engine: EngineConfig) -> dict[str, Any]:
+def summarize(arms: list[dict[str, Any]], n_ctx: int, kv_layout: str, out: Path,
+              engine: EngineConfig) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for a in arms:
         turns = [r for r in a["requests"] if "refused" not in r]
@@ -125,7 +126,8 @@ def summarize(arms: list[dict[str, Any]], n_ctx: int, out: Path, engine: EngineC
             "reused": main.get("cache_n"), "ttft_s": round((main.get("ttft_ms") or 0) / 1e3, 1),
             "cached_share": round((main.get("cache_n") or 0) / prompt, 3) if prompt else None,
             "reply": a.get("reply", "")[:60]}
-    write_result(out, "coding_agents", {"params": {"n_ctx": n_ctx, "deployment": "ops/cluster.sh up 1 (HAProxy)",
+    write_result(out, "coding_agents", {"params": {"n_ctx": n_ctx, "kv_layout": kv_layout,
+                                                   "deployment": "ops/cluster.sh up 1 (HAProxy)",
                                                    "clis": cli_versions()},
                                         "summary": summary, "arms": arms},
                  {"target": engine.target, "speculator": engine.speculator})
