@@ -95,12 +95,15 @@ class Arms:
                            redis_url=f"redis://127.0.0.1:{self.redis_port}/0", **self.flags)
         return server(cmd, port, log, pids), log, pids
 
-    def ask(self, base: str, log: Path, pid: int, arm: str, doc: dict[str, Any], sid: str = "") -> None:
+    def ask(self, base: str, log: Path, pid: int, arm: str, doc: dict[str, Any], sid: str = "") -> dict[str, Any]:
+        """Send ``doc``; its row is kept, and the reply returned."""
         progress(f"agent_scale: {self.backend} {arm}")
         headers = {"X-SpecGate-Session": sid} if sid else {}
         r = httpx.post(base + "/v1/messages", json=doc, timeout=3600, headers=headers)
         r.raise_for_status()
         self.rows.append(row(arm, turn_done(log), r.elapsed.total_seconds(), pid, self.backend))
+        reply: dict[str, Any] = r.json()
+        return reply
 
 
 def turn_done(log: Path) -> dict[str, Any]:
@@ -113,9 +116,9 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with redis_server() as rport:
-        folder = Arms(engine, str(tier), "directory", rport, logs)
+        folder = Arms(engine, str(tier), "directory", rport, logs, kv_layout="split")
         directory_arms(folder)
-        redis = Arms(engine, f"redis://127.0.0.1:{rport}/1", "redis", rport, logs)
+        redis = Arms(engine, f"redis://127.0.0.1:{rport}/1", "redis", rport, logs, kv_layout="split")
         redis_arms(redis)
         redis_bytes = redis_used(rport)
         unified = Arms(engine, str(Path(tempfile.mkdtemp(prefix="specgate-kv-tier-"))), "unified", rport, logs,
@@ -151,12 +154,15 @@ def unified_arms(a: Arms) -> None:
 
 
 def siblings(a: Arms, base: str, log: Path, pid: int) -> None:
-    """cold, sibling, and the sibling's next turn (its reference: a few new tokens, no prefix
-    work), each after the idle work the one before left (the entry's copy, the scorers)."""
-    for arm, doc in (("cold", body(TASKS[0])), ("sibling", body(TASKS[1])),
-                     ("sibling_next", next_turn(body(TASKS[1])))):
-        a.ask(base, log, pid, arm, doc)
+    """cold, sibling, and the sibling's next turn (its reference: its own reply sent back and
+    two words, a few new tokens and no prefix work), each after the idle work the one before
+    left (the entry's copy, the scorers caught up)."""
+    for arm, task in (("cold", TASKS[0]), ("sibling", TASKS[1])):
+        reply = a.ask(base, log, pid, arm, body(task))
         quiet(base)
+    text = [b for b in reply["content"] if b.get("type") == "text"]  # a call would need its result sent
+    a.ask(base, log, pid, "sibling_next", next_turn(body(TASKS[1]), text or "I will look.", "Go on."))
+    quiet(base)
 
 
 def first_and_replica(a: Arms) -> None:
@@ -222,10 +228,11 @@ def redis_used(port: int) -> int:
 SESSION = "agent-1"
 
 
-def next_turn(doc: dict[str, Any]) -> dict[str, Any]:
+def next_turn(doc: dict[str, Any], reply: Any = "I will look.",
+              ask: str = "Now run the tests and report what fails.") -> dict[str, Any]:
     """The conversation's next request: its reply so far and a new instruction."""
-    return {**doc, "messages": [*doc["messages"], {"role": "assistant", "content": "I will look."},
-                                {"role": "user", "content": "Now run the tests and report what fails."}]}
+    return {**doc, "messages": [*doc["messages"], {"role": "assistant", "content": reply},
+                                {"role": "user", "content": ask}]}
 
 
 def checkpoints(base: str) -> float:

@@ -50,8 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scorers", default="", help="scorers: the arms besides today's, as scorer/agg, e.g. "
                         "target-early:9/filter-sum,speculator-early:8/max")
     parser.add_argument("--kv-layout", choices=("split", "unified"), default="split",
-                        help="coding_agents: the replica's KV layout (default split; unified writes "
-                        "coding_agents_unified.json)")
+                        help="coding_agents and depth: the server's KV layout (default split; unified "
+                        "writes coding_agents_unified.json, depth_unified.json)")
     parser.add_argument("--target", default=None)
     parser.add_argument("--speculator", default=None)
     parser.add_argument("--scorer", default=None,
@@ -228,17 +228,20 @@ def agent_scale(r: Run) -> Any:
 def coding_agents(r: Run) -> Any:
     from bench import coding_agents
 
-    layout = r.args.kv_layout
-    return coding_agents.run(r.engine, r.path("coding_agents" if layout == "split" else f"coding_agents_{layout}"),
-                             layout)
+    return coding_agents.run(r.engine, r.path(laid_out("coding_agents", r)), r.args.kv_layout)
 
 
 def depth(r: Run) -> Any:
     from bench import depth, plots
 
-    s = depth.run(r.engine, r.path("depth"))
-    plots.depth(s, r.path("depth", "png"))
+    s = depth.run(r.engine, r.path(laid_out("depth", r)), r.args.kv_layout)
+    plots.depth(s, r.path(laid_out("depth", r), "png"))
     return s
+
+
+def laid_out(name: str, r: Run) -> str:
+    """A result's name, with the KV layout when it is not the default."""
+    return name if r.args.kv_layout == "split" else f"{name}_{r.args.kv_layout}"
 
 
 REGISTRY: dict[str, Callable[[Run], Any]] = {

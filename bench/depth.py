@@ -164,14 +164,14 @@ def decode_modes(http: httpx.Client, log: Path, doc: dict[str, Any]) -> list[dic
     return rows
 
 
-def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
+def run(engine: EngineConfig, out: Path, kv_layout: str = "split") -> dict[str, Any]:
     logs = out.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    log = logs / "depth.log"
+    log = logs / f"{out.stem}.log"  # depth.log, depth_unified.log
     port, pids = free_port(), list[int]()
     # no splicing: the dense conversation would start from the default one's environment note,
     # moved into place, and be neither dense nor comparable on its first turn
-    cmd = specgate_cmd(port, engine, log_level="info", decode_auto="true", splice_min_tokens=0)
+    cmd = specgate_cmd(port, engine, log_level="info", decode_auto="true", splice_min_tokens=0, kv_layout=kv_layout)
     with server(cmd, port, log, pids) as base, \
             httpx.Client(base_url=base, timeout=3600) as http:
         warm = []
@@ -185,11 +185,12 @@ def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
         modes = decode_modes(http, log, last)
         settle(base)
         rows += conversation(http, base, log, pids[0], "dense", "Task B: find which unit raised an alarm.")[0]
-    return summarize(warm, idle, rows, modes, out, engine)
+    return summarize(warm, idle, rows, modes, out, engine, kv_layout)
 
 
 def summarize(warm: list[dict[str, Any]], idle: dict[str, Any], rows: list[dict[str, Any]],
-              modes: list[dict[str, Any]], out: Path, engine: EngineConfig) -> dict[str, Any]:
+              modes: list[dict[str, Any]], out: Path, engine: EngineConfig,
+              kv_layout: str = "split") -> dict[str, Any]:
     by = {(r["arm"], r["turn"]): r for r in rows}
     turns = []
     for k in range(TOOL_TURNS + 1):
@@ -207,7 +208,8 @@ def summarize(warm: list[dict[str, Any]], idle: dict[str, Any], rows: list[dict[
                "tool_turns_at_14k_speedup": [t["speedup"] for t in deep],
                "decode_tok_s_at_depth": {m["mode"]: m["predicted_per_second"] for m in modes},
                "decode_depth": modes[0].get("context_n")}
-    write_result(out, "depth", {"params": {"gap_s": GAP_S, "tool_turns": TOOL_TURNS, "max_tokens": MAX_TOKENS},
+    write_result(out, "depth", {"params": {"gap_s": GAP_S, "tool_turns": TOOL_TURNS, "max_tokens": MAX_TOKENS,
+                                           "kv_layout": kv_layout},
                                 "summary": summary, "warm_up": warm, "rows": rows, "decode_modes": modes},
                  {"target": engine.target, "speculator": engine.speculator})
     return summary

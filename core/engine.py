@@ -99,7 +99,7 @@ class Engine:
         self.costs = Costs()
         self.mode_speeds = ModeSpeeds()
         for ctx, cost in ((self.target_ctx, self.costs.target), (self.speculator_ctx, self.costs.speculator)):
-            if not ctx.private_cells:  # slots may share prefix cells, which a saved state would un-share
+            if not ctx.movable_labels:  # slots share cells, and no scratch sequence to move them apart
                 cost.move_s_per_cell = math.inf
         self.spec = Speculator(self.speculator_ctx, self.capture, self.costs, self._calls, self.window)
         self.slot_kv = SlotKV(self.target_ctx, self.speculator_ctx, self.costs, self._calls)
@@ -296,7 +296,7 @@ class Engine:
         cells, cost = kv.n_cached, self.costs.target
         t0 = time.perf_counter()
         n_past, idx = yield from sparse_prefill(seq, delta, kept, mode, base,
-                                                seq.ctx.private_cells and cost.relabels(cells + kept.size // 2))
+                                                seq.ctx.movable_labels and cost.relabels(cells + kept.size // 2))
         t.prompt_ms = (time.perf_counter() - t0) * 1e3
         bridges = 0 if mode == "compact" else len(runs(kept)) - 1
         calls = self._calls(kept.size) if mode == "compact" else sum(self._calls(b - a) for a, b in runs(kept))

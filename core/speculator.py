@@ -119,7 +119,7 @@ class Speculator:
         t0 = time.perf_counter()
         cost = self.costs.speculator
         yield from sparse_prefill(seq, history, held, "original", 0,
-                                  seq.ctx.private_cells and cost.relabels(held.size // 2))
+                                  seq.ctx.movable_labels and cost.relabels(held.size // 2))
         n_runs = len(runs(held))
         cost.observe(int(held.size), 0, n_runs, time.perf_counter() - t0 - (n_runs - 1) * cost.bridge_s(held.size // 2))
         positions = np.full(len(history), -1)

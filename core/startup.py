@@ -70,19 +70,22 @@ def calibrate(target_ctx: Context, speculator_ctx: Context, costs: Costs, calls:
             shifted = min(shifted, time.perf_counter() - t3)
         cost.observe(n, 0, calls(n), prefill)
         cost.shift_s = max(0.0, shifted - step)
-        cost.move_s_per_cell = move_cost(ctx.seq(0), n + 2)  # the prefill, the step and the shifted step
+        # the prefill, the step and the shifted step: a move's cost per cell, or per move
+        cost.move_s, cost.move_s_per_cell = move_cost(ctx.seq(0), n + 2)
         if ctx is speculator_ctx:
             costs.speculator_step.observe(1, n, 1, step)
         ctx.clear()
 
 
-def move_cost(seq: Seq, cells: int) -> float:
-    """Seconds per cell of moving the last cell's position label and back (:meth:`Seq.move`)
-    in ``seq``, which holds ``cells`` cells; inf where the context cannot, or where the move
-    did not land (an unknown state layout)."""
+def move_cost(seq: Seq, cells: int) -> tuple[float, float]:
+    """Seconds of moving the last cell's position label and back (:meth:`Seq.move`) in
+    ``seq``, which holds ``cells`` cells: (per move, per cell).  Through the saved state
+    a move copies the whole sequence (per cell); through a scratch sequence, the moved
+    cell alone (per move).  (0, inf) where the context cannot, or where the move did not
+    land (an unknown state layout)."""
     last = seq.pos_max()
-    if not seq.ctx.private_cells or last < 0:
-        return math.inf
+    if not seq.ctx.movable_labels or last < 0:
+        return 0.0, math.inf
     best = float("inf")
     try:
         for there, back in ((last, last + 1), (last + 1, last)):
@@ -90,7 +93,7 @@ def move_cost(seq: Seq, cells: int) -> float:
             seq.move({there: back})
             best = min(best, time.perf_counter() - t0)
             if seq.pos_max() != back:
-                return math.inf
+                return 0.0, math.inf
     except EngineError:
-        return math.inf
-    return best / cells
+        return 0.0, math.inf
+    return (0.0, best / cells) if seq.ctx.private_cells else (best, 0.0)

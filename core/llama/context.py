@@ -95,6 +95,13 @@ class Context:
         return 1 if self.unified else self.n_seq
 
     @property
+    def movable_labels(self) -> bool:
+        """Whether a cell's position label can be moved without its K rotated (:meth:`Seq.move`):
+        through the sequence's saved state where cells are private, or, where slots share
+        cells, through the scratch sequence (the moved cells alone)."""
+        return self.private_cells or self.scratch_seq >= 0
+
+    @property
     def private_cells(self) -> bool:
         """No cell is ever held by two sequences: split streams, or one sequence (whose
         view tags cells only while a speculative step runs, never during prefill)."""
@@ -270,17 +277,38 @@ class Seq:
 
     def move(self, moves: Mapping[int, int]) -> None:
         """Relabel the cells at positions ``moves`` keys with the values, leaving their K as
-        it is (core.llama.seq_state): a sparse prefill's bridge at the cost of copying this
-        sequence's cells out and back, instead of a K-shift of the whole context.  Only for a
-        context whose sequences never share cells (:attr:`Context.private_cells`)."""
-        if not self.ctx.private_cells:
-            raise EngineError("cells shared between sequences cannot be moved through a saved state")
-        size = llama_cpp.llama_state_seq_get_size(self.ptr, self.id)
+        it is (core.llama.seq_state): a sparse prefill's bridge without a K-shift of the
+        whole context.  Where cells are private this copies the sequence's cells out and
+        back.  Where slots share cells only the moved cells go, through the scratch
+        sequence (tagged there, untagged here, relabelled there as new cells, tagged here
+        again), so a slot that shares one keeps it where it was."""
+        if self.ctx.private_cells:
+            self._relabel(self.id, moves)
+            return
+        ctx, via = self.ctx, self.ctx.scratch()
+        via.clear()
+        try:
+            for p in moves:
+                ctx.share(self.id, via.id, p, p + 1)
+                llama_cpp.llama_memory_seq_rm(self._mem, self.id, p, p + 1)
+            try:
+                self._relabel(via.id, moves)
+            except EngineError:
+                self.clear()  # its moved cells are gone: the caller rebuilds
+                raise
+            for q in moves.values():
+                ctx.share(via.id, self.id, q, q + 1)
+        finally:
+            via.clear()
+
+    def _relabel(self, seq_id: int, moves: Mapping[int, int]) -> None:
+        """Move labels in sequence ``seq_id``'s saved state and load it back (emptied on failure)."""
+        size = llama_cpp.llama_state_seq_get_size(self.ptr, seq_id)
         buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, self.id)
-        seq_state.move_cells(np.frombuffer(buf, dtype=np.uint8, count=n), self.id, moves)
-        if llama_cpp.llama_state_seq_set_data(self.ptr, buf, n, self.id) == 0:
-            self.clear()
+        n = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
+        seq_state.move_cells(np.frombuffer(buf, dtype=np.uint8, count=n), seq_id, moves)
+        if llama_cpp.llama_state_seq_set_data(self.ptr, buf, n, seq_id) == 0:
+            llama_cpp.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
             raise EngineError("could not restore a KV sequence after moving its cells")
 
     def make_view(self, spans: Sequence[tuple[int, int]]) -> None:

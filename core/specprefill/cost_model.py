@@ -56,10 +56,12 @@ class PrefillCost:
     # one K-shift: llama.cpp re-rotating every cell of the context's K cache after a cell moved
     # (each run of an original-position sparse prefill after the first); measured at start-up
     shift_s: float = 0.0
-    # or moving only the cell's position label, through the sequence's saved state
-    # (core.llama.seq_state): seconds per cell the sequence holds.  0 = not measured: moves are
-    # then preferred, being exact; inf = the context cannot move labels (shared cells)
+    # or moving only the cell's position label (core.llama.context.Seq.move): through the
+    # sequence's saved state, seconds per cell the sequence holds; where slots share cells,
+    # through the scratch sequence, ``move_s`` a move whatever the sequence holds.  0 = not
+    # measured: moves are then preferred, being exact; inf = the context cannot move labels
     move_s_per_cell: float = 0.0
+    move_s: float = 0.0
     samples: deque[tuple[np.ndarray, float]] = field(default_factory=lambda: deque(maxlen=48))
 
     @property
@@ -71,11 +73,14 @@ class PrefillCost:
 
     def relabels(self, cells: int) -> bool:
         """Whether a bridge over a sequence of ``cells`` cells moves a label, not K."""
-        return cells > 0 and self.move_s_per_cell * cells <= self.shift_s
+        return cells > 0 and self._move_s(cells) <= self.shift_s
+
+    def _move_s(self, cells: int) -> float:
+        return self.move_s + self.move_s_per_cell * cells
 
     def bridge_s(self, cells: int) -> float:
         """One bridge (a moved cell) in a sequence of ``cells`` cells, the cheaper way."""
-        return self.move_s_per_cell * cells if self.relabels(cells) else self.shift_s
+        return self._move_s(cells) if self.relabels(cells) else self.shift_s
 
     def sparse_seconds(self, m: int, c: int, runs: int) -> float:
         """An original-position sparse prefill of ``m`` tokens in ``runs`` runs: every run

@@ -8,7 +8,7 @@ import pytest
 from core.chat import ChatTemplate
 from core.config import EngineConfig
 from core.engine import Engine
-from core.errors import EmptyPrompt, EngineError, ModelFileError, PromptTooLong, TurnCancelled, VocabMismatch
+from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, TurnCancelled, VocabMismatch
 from core.policies import SamplingParams
 from core.prompt import Prompt
 from core.specprefill.cost_model import PrefillCost
@@ -110,13 +110,68 @@ def test_relabelled_bridges_see_every_cell_at_its_own_position(tiny_engine):
     assert np.abs(logits[True] - logits[False]).max() > 1e-3
 
 
-def test_slots_that_may_share_cells_bridge_by_k_shift(smol_pair_engine):
-    """A unified cache's slots can share prefix cells, which a saved state would un-share."""
-    assert not smol_pair_engine.target_ctx.private_cells
+def test_a_sparse_prefill_in_a_shared_pool_bridges_exactly_as_in_a_private_stream(tiny_engine):
+    """Relabelled bridges through the scratch sequence leave the same cells at the same
+    positions as through a private stream's saved state: the logits agree.  The first
+    bridge moves a cell another slot shares, which keeps it where it was."""
+    from core.llama.context import Context
+
+    tokens = long_prompt(tiny_engine).tokens
+    n = len(tokens)
+    kept = np.concatenate([np.arange(100, 160), np.arange(230, 260), np.arange(n - 30, n)]) - 40
+
+    def prefill(seq) -> np.ndarray:
+        seq.clear()
+        seq.decode(tokens[:40], 0, logits_last=False)
+        if not seq.ctx.private_cells:
+            seq.ctx.copy_seq(seq.id, 1)  # slot 1 shares the history, its last cell too
+        drive(sparse_prefill(seq, tokens[40:], kept, "original", 40, True))
+        assert cell_positions_of(seq) == list(range(40)) + (kept + 40).tolist()
+        return seq.logits().copy()
+
+    want = prefill(tiny_engine.target_ctx.seq(0))
+    tiny_engine.target_ctx.seq(0).clear()
+    pool = Context(tiny_engine.target, n_ctx=2048, n_batch=128, n_ubatch=128, n_threads=2,
+                   flash_attn=tiny_engine.target_ctx.flash_attn, n_seq=2, unified=True)
+    try:
+        got = prefill(pool.seq(0))
+        assert pool.seq(1).pos_max() == 39 and cell_positions_of(pool.seq(1)) == list(range(40))
+        assert np.abs(got - want).max() < 1e-4  # a K-shifted bridge differs by more than 1e-3 (above)
+    finally:
+        pool.close()
+
+
+def by_position(seq) -> list[tuple[int, bytes]]:
+    """A sequence's cells, position and K/V bytes each, in position order (cell order aside)."""
+    from core.llama import seq_cells
+
+    cells = seq_cells.parse(seq.save(), seq.id)
+    rows = [b"".join(k[i].tobytes() for k in cells.k) + b"".join(
+        (v[:, i] if cells.v_trans else v[i]).tobytes() for v in cells.v) for i in range(len(cells))]
+    return sorted(zip(cells.positions.tolist(), rows, strict=True))
+
+
+def test_slots_that_share_cells_move_labels_through_the_scratch_sequence(smol_pair_engine):
+    """A unified cache's slots share prefix cells; a bridge moves the one cell, through the
+    scratch sequence, and another slot that shares it keeps it where it was."""
+    ctx = smol_pair_engine.target_ctx
+    assert not ctx.private_cells and ctx.movable_labels and ctx.scratch_seq >= 0
     cost = smol_pair_engine.costs.target
-    assert cost.move_s_per_cell == float("inf") and not cost.relabels(100) and cost.bridge_s(100) == cost.shift_s
-    with pytest.raises(EngineError, match="shared"):
-        smol_pair_engine.target_ctx.seq(0).move({0: 1})
+    assert cost.move_s_per_cell == 0 and 0 < cost.move_s < 0.05  # measured per move, whatever the depth
+    tokens = long_prompt(smol_pair_engine).tokens[:60]
+    mine, other = ctx.seq(0), ctx.seq(1)
+    try:
+        mine.decode(tokens, 0, logits_last=False)
+        ctx.copy_seq(mine.id, other.id)  # every cell shared
+        before, mine_before = other.save(), by_position(mine)
+        mine.move({59: 80})
+        assert mine.pos_max() == 80 and cell_positions_of(mine) == list(range(59)) + [80]
+        assert other.pos_max() == 59 and other.save() == before and ctx.seq_pos_max(ctx.scratch_seq) == -1
+        mine.move({80: 59})
+        assert by_position(mine) == mine_before  # no K rotated: bitwise as it was
+    finally:
+        mine.clear()
+        other.clear()
 
 
 @pytest.mark.parametrize("relabel", [False, True])

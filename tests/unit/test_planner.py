@@ -105,6 +105,14 @@ def test_a_bridge_moves_a_label_while_that_is_cheaper_than_a_k_shift():
     assert PrefillCost().relabels(10) and PrefillCost().bridge_s(10) == 0  # nothing measured: the exact way
 
 
+def test_a_move_through_the_scratch_sequence_costs_the_same_at_any_depth():
+    """Where slots share cells the moved cell alone is copied: a fixed cost per move."""
+    cost = PrefillCost(coef=np.array([0.01, 0.0, 0.0]), shift_s=1.0, move_s=0.004)
+    assert cost.relabels(100) and cost.relabels(100_000)
+    assert cost.bridge_s(100_000) == pytest.approx(0.004) and cost.bridge_tokens(100_000) == 0
+    assert not PrefillCost(shift_s=0.001, move_s=0.004).relabels(10)  # a K-shift cheaper still wins
+
+
 def test_break_even_charges_a_k_shift_per_extra_run():
     cheap, dear = replace(SPEEDS, run_tokens=8.0), replace(SPEEDS, run_tokens=8.0)
     dear.target = replace(SPEEDS.target, shift_s=2.0, move_s_per_cell=math.inf)
