@@ -89,7 +89,9 @@ class Engine:
             self.speculator_ctx = Context(self.speculator, n_ctx=config.speculator_ctx_len, n_batch=config.n_batch,
                                           n_ubatch=config.n_ubatch, n_threads=config.n_threads,
                                           flash_attn=self.capture.flash_attn, capture=self.capture, n_seq=config.slots,
-                                          unified=unified or config.slots == 1, kv_type=config.kv_type)
+                                          # a captured row's columns are the sequence's own cells in order:
+                                          # the scorer keeps a stream per slot in either layout
+                                          unified=config.slots == 1, kv_type=config.kv_type)
             self.window = self._scoring_window(config)
         except Exception:
             self.close()
