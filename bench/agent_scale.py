@@ -111,21 +111,33 @@ def turn_done(log: Path) -> dict[str, Any]:
     return [orjson.loads(line) for line in log.read_bytes().splitlines() if b'"turn_done"' in line][-1]
 
 
-def run(engine: EngineConfig, out: Path) -> dict[str, Any]:
+BACKENDS = ("directory", "redis", "unified", "llama_server")
+
+
+def run(engine: EngineConfig, out: Path, backends: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
     tier = Path(tempfile.mkdtemp(prefix="specgate-kv-tier-"))
-    logs = out.parent / "logs"
+    logs = out.parent / "logs" / ("" if backends == BACKENDS else out.stem)  # a partial run keeps its own logs
     logs.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    redis_bytes = 0
     with redis_server() as rport:
-        folder = Arms(engine, str(tier), "directory", rport, logs, kv_layout="split")
-        directory_arms(folder)
-        redis = Arms(engine, f"redis://127.0.0.1:{rport}/1", "redis", rport, logs, kv_layout="split")
-        redis_arms(redis)
-        redis_bytes = redis_used(rport)
-        unified = Arms(engine, str(Path(tempfile.mkdtemp(prefix="specgate-kv-tier-"))), "unified", rport, logs,
-                       kv_layout="unified")
-        unified_arms(unified)
-    peer = llama_server_arms(engine, logs)
-    return summarize(folder.rows + redis.rows + unified.rows + peer, tier, redis_bytes, out, engine)
+        if "directory" in backends:
+            folder = Arms(engine, str(tier), "directory", rport, logs, kv_layout="split")
+            directory_arms(folder)
+            rows += folder.rows
+        if "redis" in backends:
+            redis = Arms(engine, f"redis://127.0.0.1:{rport}/1", "redis", rport, logs, kv_layout="split")
+            redis_arms(redis)
+            redis_bytes = redis_used(rport)
+            rows += redis.rows
+        if "unified" in backends:
+            unified = Arms(engine, tempfile.mkdtemp(prefix="specgate-kv-tier-"), "unified", rport, logs,
+                           kv_layout="unified")
+            unified_arms(unified)
+            rows += unified.rows
+    if "llama_server" in backends:
+        rows += llama_server_arms(engine, logs)
+    return summarize(rows, tier, redis_bytes, out, engine)
 
 
 def directory_arms(a: Arms) -> None:

@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--content", default="logs",
                         help="planner: what the tool result holds, logs and/or code, comma-separated (default logs)")
     parser.add_argument("--out", default="results/bench", help="results folder")
-    parser.add_argument("--arms", help="multi_turn, concurrency, long_prefill or stateless arms, or clients' "
-                        "clients, to (re)run, comma-separated (default: all)")
+    parser.add_argument("--arms", help="multi_turn, concurrency, long_prefill or stateless arms, clients' "
+                        "clients, or agent_scale's backends, to (re)run, comma-separated (default: all)")
     parser.add_argument("--stateless", action="store_true",
                         help="soak: clients name no session and resend their history (implicit sessions)")
     parser.add_argument("--responses", action="store_true",
@@ -220,8 +220,10 @@ def clients(r: Run) -> Any:
 def agent_scale(r: Run) -> Any:
     from bench import agent_scale, plots
 
-    s = agent_scale.run(r.engine, r.path("agent_scale"))
-    plots.agent_scale(s, r.path("agent_scale", "png"))
+    arms = r.arms(agent_scale.BACKENDS)
+    name = "agent_scale" if arms == agent_scale.BACKENDS else "_".join(("agent_scale", *arms))
+    s = agent_scale.run(r.engine, r.path(name), arms)
+    plots.agent_scale(s, r.path(name, "png"))
     return s
 
 
