@@ -56,9 +56,5 @@ def rotate(k: np.ndarray, delta: int, rope: Rope) -> np.ndarray:
     else:
         a, b = x[..., 0:rope.n_rot:2], x[..., 1:rope.n_rot:2]
     a2, b2 = a * cos - b * sin, a * sin + b * cos
-    out = x.copy()
-    if rope.neox:
-        out[..., :half], out[..., half:rope.n_rot] = a2, b2
-    else:
-        out[..., 0:rope.n_rot:2], out[..., 1:rope.n_rot:2] = a2, b2
-    return out.reshape(len(k), -1)
+    a[...], b[...] = a2, b2  # x is this call's own copy: rotated in place
+    return x.reshape(len(k), -1)

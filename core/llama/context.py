@@ -352,6 +352,23 @@ class Seq:
         n = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, self.id)
         return ctypes.string_at(buf, n)
 
+    def save_to(self, buf: bytearray) -> memoryview:
+        """:meth:`save` into ``buf`` (grown when short), which a caller keeps between saves:
+        fresh pages for a large state cost more than copying it on this kind of VM."""
+        size = llama_cpp.llama_state_seq_get_size(self.ptr, self.id)
+        if len(buf) < size:
+            buf.extend(bytes(size - len(buf)))
+        n = llama_cpp.llama_state_seq_get_data(self.ptr, (ctypes.c_uint8 * size).from_buffer(buf), size, self.id)
+        return memoryview(buf)[:n]
+
+    def load_buffer(self, blob: memoryview) -> None:
+        """:meth:`load` from a writable buffer (:func:`core.llama.seq_cells.write_into`), not copied."""
+        self.clear()
+        if llama_cpp.llama_state_seq_set_data(self.ptr, (ctypes.c_uint8 * len(blob)).from_buffer(blob), len(blob),
+                                              self.id) == 0:
+            self.clear()
+            raise EngineError("could not restore a saved KV sequence")
+
     def load(self, blob: bytes) -> None:
         """Replace this sequence's cells with ones saved by :meth:`save` (b"": empty it)."""
         self.clear()

@@ -37,9 +37,13 @@ class Cells:
         return len(self.positions)
 
     def take(self, index: np.ndarray) -> Cells:
-        """The cells at ``index`` (cell order), in that order."""
-        return replace(self, positions=self.positions[index], k=tuple(k[index] for k in self.k),
-                       v=tuple(v[:, index] if self.v_trans else v[index] for v in self.v))
+        """The cells at ``index`` (cell order), in that order: views where ``index`` is one
+        ascending run of cells (a run saved apart), copies otherwise."""
+        at: np.ndarray | slice = index
+        if index.size and np.array_equal(index, np.arange(index[0], index[0] + index.size)):
+            at = slice(int(index[0]), int(index[0]) + index.size)
+        return replace(self, positions=self.positions[at], k=tuple(k[at] for k in self.k),
+                       v=tuple(v[:, at] if self.v_trans else v[at] for v in self.v))
 
     def join(self, other: Cells) -> Cells:
         """These cells, then ``other``'s (same model and cache types)."""
@@ -52,7 +56,7 @@ class Cells:
 
 
 class _Reader:
-    def __init__(self, blob: bytes) -> None:
+    def __init__(self, blob: bytes | memoryview) -> None:
         self.buf, self.at = np.frombuffer(blob, dtype=np.uint8), 0
 
     def take(self, n: int) -> np.ndarray:
@@ -69,7 +73,7 @@ class _Reader:
         return int(self.take(8).view("<u8")[0])
 
 
-def parse(blob: bytes, seq_id: int) -> Cells:
+def parse(blob: bytes | memoryview, seq_id: int) -> Cells:
     r = _Reader(blob)
     if r.u32() != MAGIC or r.u32() != seq_id & 0xFFFFFFFF:
         raise EngineError("not a saved KV sequence of the expected layout")
@@ -105,19 +109,37 @@ def parse(blob: bytes, seq_id: int) -> Cells:
 
 
 def write(cells: Cells) -> bytes:
+    return b"".join(x.tobytes() for x in _pieces(cells))
+
+
+def write_into(cells: Cells, buf: bytearray) -> memoryview:
+    """:func:`write` into ``buf`` (grown when short): a buffer kept between calls is written
+    without fresh pages, which cost more than the copy on this kind of VM."""
+    pieces = _pieces(cells)
+    n = sum(x.nbytes for x in pieces)
+    if len(buf) < n:
+        buf.extend(bytes(n - len(buf)))
+    out, at = np.frombuffer(buf, dtype=np.uint8, count=n), 0
+    for x in pieces:
+        out[at:at + x.nbytes] = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+        at += x.nbytes
+    return memoryview(buf)[:n]
+
+
+def _pieces(cells: Cells) -> list[np.ndarray]:
     n = len(cells)
-    out = [np.array([MAGIC, cells.seq_id & 0xFFFFFFFF, cells.n_stream], dtype="<u4").tobytes(),
-           b"\0\0\0\0" * cells.stream, np.array([n], dtype="<u4").tobytes()]
+    out = [np.array([MAGIC, cells.seq_id & 0xFFFFFFFF, cells.n_stream], dtype="<u4"),
+           np.zeros(cells.stream, dtype="<u4"), np.array([n], dtype="<u4")]
     if n:
         meta = np.stack([cells.positions, np.ones(n, np.int32), np.full(n, cells.seq_id, np.int32)], axis=1)
-        out += [meta.astype("<i4").tobytes(), np.array([cells.v_trans, len(cells.k)], dtype="<u4").tobytes()]
+        out += [meta.astype("<i4"), np.array([cells.v_trans, len(cells.k)], dtype="<u4")]
         for t, k in zip(cells.k_types, cells.k, strict=True):
-            out += [np.array([t], "<u4").tobytes(), np.array([k.shape[1]], "<u8").tobytes(), k.tobytes()]
+            out += [np.array([t], "<u4"), np.array([k.shape[1]], "<u8"), k]
         for t, v in zip(cells.v_types, cells.v, strict=True):
             size = np.array([v.shape[2], v.shape[0]], "<u4") if cells.v_trans else np.array([v.shape[1]], "<u8")
-            out += [np.array([t], "<u4").tobytes(), size.tobytes(), v.tobytes()]
-    out.append(b"\0\0\0\0" * (cells.n_stream - 1 - cells.stream))
-    return b"".join(out)
+            out += [np.array([t], "<u4"), size, v]
+    out.append(np.zeros(cells.n_stream - 1 - cells.stream, dtype="<u4"))
+    return out
 
 
 def k_rows(k: np.ndarray, k_type: int) -> np.ndarray:
