@@ -10,7 +10,7 @@ import llama_cpp
 import numpy as np
 
 from core.errors import EngineError, PromptTooLong, TurnCancelled
-from core.llama import seq_state
+from core.llama import seq_cells, seq_state
 from core.llama.capture import AttentionCapture, QKCapture
 from core.llama.model import Model
 
@@ -356,8 +356,7 @@ class Seq:
         """:meth:`save` into ``buf`` (grown when short), which a caller keeps between saves:
         fresh pages for a large state cost more than copying it on this kind of VM."""
         size = llama_cpp.llama_state_seq_get_size(self.ptr, self.id)
-        if len(buf) < size:
-            buf.extend(bytes(size - len(buf)))
+        seq_cells.grow(buf, size)
         n = llama_cpp.llama_state_seq_get_data(self.ptr, (ctypes.c_uint8 * size).from_buffer(buf), size, self.id)
         return memoryview(buf)[:n]
 

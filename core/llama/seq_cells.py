@@ -117,13 +117,22 @@ def write_into(cells: Cells, buf: bytearray) -> memoryview:
     without fresh pages, which cost more than the copy on this kind of VM."""
     pieces = _pieces(cells)
     n = sum(x.nbytes for x in pieces)
-    if len(buf) < n:
-        buf.extend(bytes(n - len(buf)))
+    grow(buf, n)
     out, at = np.frombuffer(buf, dtype=np.uint8, count=n), 0
     for x in pieces:
         out[at:at + x.nbytes] = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
         at += x.nbytes
     return memoryview(buf)[:n]
+
+
+def grow(buf: bytearray, n: int) -> None:
+    """Make ``buf`` hold at least ``n`` bytes; EngineError while something still views it
+    (a caller that failed mid-way and kept its arrays), so the caller does without."""
+    if len(buf) < n:
+        try:
+            buf.extend(bytes(n - len(buf)))
+        except BufferError as exc:
+            raise EngineError(f"a KV buffer in use cannot grow: {exc}") from exc
 
 
 def _pieces(cells: Cells) -> list[np.ndarray]:

@@ -79,3 +79,19 @@ def test_a_state_that_is_not_one_sequence_is_not_restreamed():
         restream(b.tobytes(), 1, 1, 0)
     with pytest.raises(EngineError, match="expected layout"):
         restream(blob(1, [0]).tobytes(), 0, 1, 0)  # another sequence's state
+
+
+def test_a_kept_buffer_grows_unless_something_still_views_it():
+    from core.llama.seq_cells import grow
+
+    buf = bytearray(4)
+    grow(buf, 16)
+    assert len(buf) == 16
+    grow(buf, 8)  # never shrinks
+    assert len(buf) == 16
+    view = memoryview(buf)
+    with pytest.raises(EngineError, match="cannot grow"):
+        grow(buf, 32)
+    view.release()
+    grow(buf, 32)
+    assert len(buf) == 32
