@@ -272,6 +272,10 @@ class Seq:
         if not llama_cpp.llama_memory_seq_rm(self._mem, self.id, pos, -1):
             raise EngineError(f"could not remove KV cells from position {pos}")
 
+    def remove(self, p0: int, p1: int) -> None:
+        """Drop the cells at positions [p0, p1)."""
+        llama_cpp.llama_memory_seq_rm(self._mem, self.id, p0, p1)
+
     def shift(self, p0: int, p1: int, delta: int) -> None:
         llama_cpp.llama_memory_seq_add(self._mem, self.id, p0, p1, delta)
 

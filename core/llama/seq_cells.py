@@ -11,6 +11,7 @@ id per cell; anything else raises :class:`EngineError` and the caller does witho
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -44,6 +45,20 @@ class Cells:
             at = slice(int(index[0]), int(index[0]) + index.size)
         return replace(self, positions=self.positions[at], k=tuple(k[at] for k in self.k),
                        v=tuple(v[:, at] if self.v_trans else v[at] for v in self.v))
+
+    def at(self, lo: int, hi: int) -> Cells:
+        """The cells at positions [lo, hi), in position order."""
+        index = np.flatnonzero((self.positions >= lo) & (self.positions < hi))
+        return self.take(index[np.argsort(self.positions[index], kind="stable")])
+
+    def owned(self) -> Cells:
+        """These cells as copies, so the buffer they were parsed from can be written again."""
+        return replace(self, positions=self.positions.copy(), k=tuple(x.copy() for x in self.k),
+                       v=tuple(x.copy() for x in self.v))
+
+    def of(self, seq_id: int, n_stream: int, stream: int) -> Cells:
+        """The same cells as sequence ``seq_id`` of a context with ``n_stream`` streams."""
+        return replace(self, seq_id=seq_id, n_stream=n_stream, stream=stream)
 
     def join(self, other: Cells) -> Cells:
         """These cells, then ``other``'s (same model and cache types)."""
@@ -115,13 +130,52 @@ def write(cells: Cells) -> bytes:
 def write_into(cells: Cells, buf: bytearray) -> memoryview:
     """:func:`write` into ``buf`` (grown when short): a buffer kept between calls is written
     without fresh pages, which cost more than the copy on this kind of VM."""
-    pieces = _pieces(cells)
-    n = sum(x.nbytes for x in pieces)
+    return write_joined_into([cells], buf)
+
+
+def write_joined_into(parts: Sequence[Cells], buf: bytearray) -> memoryview:
+    """The cells of ``parts`` one after another, as the first part's sequence, written into
+    ``buf`` as :func:`write_into` does, without joining them in memory first."""
+    first = parts[0]
+    if any((p.k_types, p.v_types, p.v_trans) != (first.k_types, first.v_types, first.v_trans) for p in parts):
+        raise EngineError("saved KV cells of different cache types cannot be joined")
+    heads = _pieces(replace(first, positions=np.concatenate([p.positions for p in parts]),
+                            k=(), v=()), data=False)
+    n_cells = sum(len(p) for p in parts)
+    layer_bytes = sum(x.nbytes for p in parts for x in (*p.k, *p.v))
+    heads_bytes = 24 * len(first.k_types)  # each layer's K and V heads: a type and a size
+    n = sum(x.nbytes for x in heads) + (heads_bytes + layer_bytes if n_cells else 0)
     grow(buf, n)
     out, at = np.frombuffer(buf, dtype=np.uint8, count=n), 0
-    for x in pieces:
+
+    def put(x: np.ndarray) -> None:
+        nonlocal at
         out[at:at + x.nbytes] = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
         at += x.nbytes
+
+    for x in heads[:-1]:
+        put(x)
+    if n_cells:
+        for i, t in enumerate(first.k_types):
+            put(np.array([t], "<u4"))
+            put(np.array([first.k[i].shape[1]], "<u8"))
+            for p in parts:
+                put(p.k[i])
+        for i, t in enumerate(first.v_types):
+            put(np.array([t], "<u4"))
+            if first.v_trans:  # each V dimension's values over all the cells of every part
+                put(np.array([first.v[i].shape[2], first.v[i].shape[0]], "<u4"))
+                block = out[at:at + sum(p.v[i].nbytes for p in parts)].reshape(first.v[i].shape[0], n_cells, -1)
+                col = 0
+                for p in parts:
+                    block[:, col:col + len(p)] = p.v[i].reshape(p.v[i].shape[0], len(p), -1)
+                    col += len(p)
+                at += block.nbytes
+            else:
+                put(np.array([first.v[i].shape[1]], "<u8"))
+                for p in parts:
+                    put(p.v[i])
+    put(heads[-1])
     return memoryview(buf)[:n]
 
 
@@ -135,13 +189,16 @@ def grow(buf: bytearray, n: int) -> None:
             raise EngineError(f"a KV buffer in use cannot grow: {exc}") from exc
 
 
-def _pieces(cells: Cells) -> list[np.ndarray]:
+def _pieces(cells: Cells, data: bool = True) -> list[np.ndarray]:
+    """The blob's pieces in order; without ``data`` the header and cell rows, then the
+    trailing stream counts (the caller writes each layer's K and V between them)."""
     n = len(cells)
     out = [np.array([MAGIC, cells.seq_id & 0xFFFFFFFF, cells.n_stream], dtype="<u4"),
            np.zeros(cells.stream, dtype="<u4"), np.array([n], dtype="<u4")]
     if n:
         meta = np.stack([cells.positions, np.ones(n, np.int32), np.full(n, cells.seq_id, np.int32)], axis=1)
-        out += [meta.astype("<i4"), np.array([cells.v_trans, len(cells.k)], dtype="<u4")]
+        out += [meta.astype("<i4"), np.array([cells.v_trans, len(cells.k_types)], dtype="<u4")]
+    if n and data:
         for t, k in zip(cells.k_types, cells.k, strict=True):
             out += [np.array([t], "<u4"), np.array([k.shape[1]], "<u8"), k]
         for t, v in zip(cells.v_types, cells.v, strict=True):

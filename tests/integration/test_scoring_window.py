@@ -9,7 +9,8 @@ import pytest
 
 from core.chat import ChatTemplate
 from core.kv.positions import SessionKV
-from core.scoring_window import SINKS
+from core.llama import seq_cells
+from core.scoring_window import SINKS, view_spans
 from core.steps import drive
 from tests.support import forced, with_sampling
 
@@ -85,6 +86,53 @@ def test_a_token_outside_the_window_does_not_reach_later_keys(window_engine):
     assert (windowed[0][1][tail] == windowed[1][1][tail]).all()
     assert (dense[0][1][tail] != dense[1][1][tail]).any()  # without the window the change reaches them
     assert (windowed[0][1][:SINKS + 40] == dense[0][1][:SINKS + 40]).all()  # before the window binds: the same
+
+
+def whole_context_windowed(e, seq, prompt: list[int], base: int) -> None:
+    """The windowed prefill as it was first built: the slot's whole context in the scratch,
+    masked down to the sinks and the window by the view."""
+    full = e.window.ctx.seq(0)
+    full.load_from(seq)
+    for off in range(0, len(prompt), e.config.n_batch):
+        part = prompt[off: off + e.config.n_batch]
+        full.make_view(view_spans(base + off, WINDOW))
+        full.view().decode(part, base + off, logits_last=False)
+        full.commit_view(base + off, base + off + len(part))
+    full.drop_view()
+    seq.load_from(full)
+    e.window.ctx.clear()
+
+
+def test_the_scratch_holds_the_sinks_and_the_window_alone_and_computes_what_the_whole_context_did(window_engine):
+    e = window_engine
+    seq, n_batch = e.speculator_ctx.seq(1), e.config.n_batch
+    base, n = SINKS + 2 * WINDOW + 40, 3 * n_batch + 50  # the window passes new cells more than once
+    prompt = tokens(e, base + n)
+    seq.clear()
+    seq.decode(prompt[:base], 0, logits_last=False)
+    before = seq.save()
+    turn, held = e.window.prefill(seq, prompt[base:], base), []
+    req = turn.send(None)
+    while True:
+        req.seq.decode(req.tokens, req.start_pos, logits_last=False)
+        held.append(len(seq_cells.parse(e.window.ctx.seq(0).save(), 0)))
+        assert seq.save() == before  # the slot is written once, at the end
+        try:
+            req = turn.send(-1)
+        except StopIteration:
+            break
+    compact = seq_cells.parse(seq.save(), seq.id)
+    seq.load(before)
+    whole_context_windowed(e, seq, prompt[base:], base)
+    whole = seq_cells.parse(seq.save(), seq.id)
+    seq.clear()
+    assert max(held) <= SINKS + WINDOW + 2 * n_batch < base + n
+    assert compact.positions.tolist() == whole.positions.tolist() == list(range(base + n))
+    for mine, theirs in zip(compact.k + compact.v, whole.k + whole.v, strict=True):
+        a, b = (x.view("<f2").astype(np.float32) for x in (mine, theirs))
+        # the same attention, summed in another order: a few ulps (layer 0's keys are exact)
+        assert np.abs(a - b).max() <= 1e-2 * np.abs(b).max()
+    assert (compact.k[0] == whole.k[0]).all()
 
 
 def test_a_long_turn_scores_through_the_window_and_the_next_turn_reuses_it(window_engine):

@@ -95,3 +95,37 @@ def test_a_kept_buffer_grows_unless_something_still_views_it():
     view.release()
     grow(buf, 32)
     assert len(buf) == 32
+
+
+def _cells(seq_id: int, positions: list[int], v_trans: bool, seed: int):
+    from core.llama.seq_cells import Cells
+
+    rng = np.random.default_rng(seed)
+    n = len(positions)
+    k = tuple(rng.integers(0, 255, (n, 8), dtype=np.uint8) for _ in range(2))
+    v = tuple(rng.integers(0, 255, (4, n, 2) if v_trans else (n, 6), dtype=np.uint8) for _ in range(2))
+    return Cells(seq_id, 3, 1, np.array(positions, np.int32), (1, 1), k, v_trans, (1, 1), v)
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_parts_written_as_one_equal_their_join(v_trans):
+    from core.llama.seq_cells import parse, write, write_joined_into
+
+    a, b = _cells(1, [0, 1, 2], v_trans, 1), _cells(1, [7, 8], v_trans, 2)
+    c = _cells(1, [9], v_trans, 3)
+    buf = bytearray()
+    joined = bytes(write_joined_into([a, b, c], buf))
+    assert joined == write(a.join(b).join(c))
+    back = parse(joined, 1)
+    assert back.positions.tolist() == [0, 1, 2, 7, 8, 9]
+    assert (back.at(7, 9).k[1] == b.k[1]).all() and len(back.at(3, 7)) == 0
+    assert bytes(write_joined_into([a], buf)) == write(a)  # the same buffer, written again shorter
+
+
+def test_owned_cells_no_longer_view_their_buffer():
+    from core.llama.seq_cells import grow, parse, write
+
+    buf = bytearray(write(_cells(1, [0, 1, 2, 3], False, 4)))
+    part = parse(buf, 1).at(1, 3).owned()
+    grow(buf, len(buf) + 10)  # nothing views it
+    assert part.positions.tolist() == [1, 2] and part.of(0, 1, 0).stream == 0
