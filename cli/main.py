@@ -66,7 +66,8 @@ HELP = {
     "kv_checkpoint_tokens": "in idle time, save a session's KV to the KV tier once it holds this many tokens more "
                             "than its last save, so a replica taking it over, or a restart, restores it (0: off)",
     "catch_up_tokens": "with no turn running, catch idle sessions' scorer KV up in chunks of this many tokens, so "
-                       "their next turn scores only its new tokens (0: off; an arriving turn waits one chunk at most)",
+                       "their next turn scores only its new tokens, and rewrite a held reply that called tools in the "
+                       "form the client resends it (0: off; an arriving turn waits one chunk at most)",
     "drain_timeout_s": "on SIGTERM, how long running turns may take to finish",
     "max_messages": "most messages one request may carry (413 past it)",
     "max_prompt_chars": "most content characters one request may carry (0 = 16 per context token)",

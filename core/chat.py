@@ -26,6 +26,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from core import tool_section
 from core.errors import InvalidRequest
 from core.prompt import Prompt, Span
+from core.spans import common_prefix
 
 if TYPE_CHECKING:  # tokenizing needs llama.cpp; rendering and validation do not
     from core.llama.model import Model
@@ -142,6 +143,20 @@ class ChatTemplate:
                     has_grammar: bool = False) -> Prompt:
         """OpenAI-form messages (what sessions store: call arguments as JSON strings) as a Prompt."""
         return self.render([for_template(m) for m in messages], tools, has_grammar)
+
+    def resend_form(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> list[int]:
+        """The tokens every next request starts with when it resends ``messages`` (OpenAI form,
+        the last an assistant message calling tools) and the calls' results: the held reply
+        in the template's form, and the results' opening.  Two renderings with results that
+        differ from their first character agree that far, whatever the template wraps them in."""
+        calls = messages[-1].get("tool_calls") or []
+        probes = []
+        for mark_ in ("0", "x"):
+            results = [{"role": "tool", "tool_call_id": c.get("id", ""), "content": mark_} for c in calls]
+            text = self.render_text([for_template(m) for m in [*messages, *results]], tools,
+                                    add_generation_prompt=True)
+            probes.append(self.model.tokenize(text, add_special=True, parse_special=True))
+        return probes[0][:common_prefix(*probes)]
 
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
                has_grammar: bool = False) -> Prompt:

@@ -49,6 +49,8 @@ COUNTERS = {
                                   "time (copied while the scorer was deferred)."),
     "specgate_speculator_caught_up_tokens": ("caught_up", "Scorer tokens prefilled in idle time, so that a "
                                              "session's next turn scores only its new tokens."),
+    "specgate_held_reply_rewritten_tokens": ("held_rewritten", "Target tokens prefilled in idle time to rewrite a "
+                                             "reply that called tools in the form the client resends it."),
     "specgate_idle_chunks": ("idle_chunks", "Chunks of idle work the model thread ran between turns."),
     "specgate_checkpoints_lent": ("checkpoints_lent", "New conversations started from another conversation's "
                                   "checkpoint in the KV tier (no idle session here held their prefix)."),

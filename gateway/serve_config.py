@@ -36,7 +36,9 @@ class GatewayConfig:
     kv_tier_dir: str = "auto"  # KV that outlives the process: a folder or redis:// URL; auto = the cache dir, "" = off
     kv_tier_max_mb: int = 16384  # disk the KV tier may take; past it the least recently used entries go
     kv_checkpoint_tokens: int = 1024  # idle sessions' KV saved to the tier once grown this much (0: off)
-    catch_up_tokens: int = 256  # idle time catches scorers up in chunks this size (0: off); a turn waits one at most
+    # idle time catches scorers up, and rewrites held tool-call replies, in prefills this size at most (0: off);
+    # a turn waits for one at most
+    catch_up_tokens: int = 256
     drain_timeout_s: float = 30.0  # SIGTERM: how long running turns may take to finish
     replica_id: str = ""  # this replica's name in the session registry; empty = hostname-port
     advertise_url: str = ""  # where other replicas reach this one; empty = http://host:port

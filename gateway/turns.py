@@ -151,6 +151,8 @@ class TurnRunner:
         if turn.session is not None:
             turn.session.messages = [*turn.request.messages, result.message]
             self.manager.mirror(turn.session)
+            if result.message.get("tool_calls") and result.finish_reason != "cancelled":
+                self.manager.expect_resend(turn.session, turn.request.tools)
 
     async def drain(self, timeout_s: float) -> int:
         """Stop taking turns, let running ones finish for ``timeout_s``, then cancel the rest;

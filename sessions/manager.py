@@ -207,6 +207,12 @@ class SessionManager:
             session.version += 1
             self.writer.save(session.key, session.record())
 
+    def expect_resend(self, session: Session, tools: Sequence[dict[str, Any]] | None) -> None:
+        """The session's last reply called tools: idle work rewrites the reply it holds in the
+        form the client will resend it (sessions.kv.held_reply)."""
+        session.resend_tools = tuple(tools or ())
+        self.worker.wake()
+
     def sweep(self, now: float | None = None) -> int:
         """Forget sessions idle past the TTL (their store records expire on their own)."""
         cutoff = (now or time.time()) - self.ttl_s
@@ -397,7 +403,8 @@ class SessionManager:
             "prefix_hits": prefixes.hits, "prefix_misses": prefixes.misses, "prefix_waits": prefixes.waits,
             "prefix_adopted": prefixes.adopted, "prefix_copied": prefixes.copied,
             "prefix_completed": prefixes.completed,
-            "caught_up": self.residency.caught_up, "idle_chunks": steps.idle_chunks,
+            "caught_up": self.residency.caught_up, "held_rewritten": self.residency.rewritten,
+            "idle_chunks": steps.idle_chunks,
             "tier_hits": prefixes.tier_hits, "tier_writes": prefixes.tier.writes if prefixes.tier else 0,
             "tier_rejected": prefixes.tier.rejected if prefixes.tier else 0,
             "tier_bytes": prefixes.tier.bytes_used if prefixes.tier else 0,

@@ -60,6 +60,9 @@ class Session:
     hint: str | None = None  # the client's grouping hint (prompt_cache_key, user) an implicit session was made under
     last_prompt_n: int = 0  # tokens of the last turn's prompt: a request that covers them continues the conversation
     responses: list[dict[str, Any]] = field(default_factory=list)  # stored Responses API answers, newest last
+    # the last reply called tools (with these tools offered): idle work rewrites the held reply in
+    # the form the client resends it (sessions.kv.held_reply)
+    resend_tools: tuple[dict[str, Any], ...] | None = None
 
     @property
     def key(self) -> str:

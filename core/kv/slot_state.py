@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from core.kv.positions import SessionKV, dense_prefix, speculator_backlog
 from core.kv.rope import Rope, model_rope, rotate
 from core.llama import seq_cells
 from core.llama.context import Context
+from core.spans import common_prefix
 from core.specprefill.cost_model import Costs
 from core.steps import Tokens, TurnSteps
 
@@ -91,6 +92,31 @@ class SlotKV:
         self.costs.speculator.observe(len(tokens), start, self.calls(len(tokens)), time.perf_counter() - t0)
         kv.speculator.extend(tokens, range(start, start + len(tokens)))
         return len(tokens)
+
+    def rewrite_tail(self, kv: SessionKV, slot: int, tokens: Sequence[int], max_tokens: int) -> int:
+        """Make the target's tokens in ``slot`` read ``tokens`` (a held reply as the client will
+        resend it, core.chat.ChatTemplate.resend_form): its cells from where the two part are
+        dropped and the rest of ``tokens`` prefilled, in one decode (idle time: a turn that
+        arrives waits for this at most).  The scorer is cut there too and catches up later.
+        Returns the tokens prefilled; 0 when nothing differs, or more than ``max_tokens``."""
+        target, seq = kv.target, self.target_ctx.seq(slot)
+        keep = common_prefix(target.tokens, tokens)
+        todo = list(tokens[keep:])
+        if not todo or len(todo) > max_tokens or keep + len(todo) >= seq.n_ctx:
+            return 0
+        pos = target.truncate(keep)
+        seq.remove_from(pos)
+        if len(kv.speculator.tokens) > keep:
+            self.speculator_ctx.seq(slot).remove_from(kv.speculator.truncate(keep))
+        t0 = time.perf_counter()
+        try:
+            seq.decode(todo, pos, logits_last=False)
+        except BaseException:
+            seq.remove_from(pos)  # a failed decode may have left cells: the tokens end at ``keep``
+            raise
+        self.costs.target.observe(len(todo), pos, self.calls(len(todo)), time.perf_counter() - t0)
+        target.extend(todo, range(pos, pos + len(todo)))
+        return len(todo)
 
     def prefill_prefix(self, tokens: tuple[int, ...], kv: SessionKV, slot: int) -> TurnSteps[tuple[bytes, bytes]]:
         """Prefill ``tokens`` densely into the empty ``slot`` in both models (requests to the

@@ -27,6 +27,7 @@ from core.prompt import Prompt
 from core.results import Result, Timings
 from core.steps import Tokens, TurnSteps, Wait
 from core.turn_request import TurnRequest
+from sessions.kv import held_reply
 from sessions.kv.checkpoints import SessionCheckpoints
 from sessions.kv.parked import ParkedKV
 from sessions.kv.prefixes import PrefixCache
@@ -88,6 +89,7 @@ class Residency:
         self.splice_min_tokens = splice_min_tokens
         self.spliced = 0  # tokens moved into place from another conversation's KV, not prefilled
         self.caught_up = 0  # scorer tokens prefilled in idle time
+        self.rewritten = 0  # target tokens prefilled in idle time by held replies rewritten
 
     def location(self, session: Session) -> str:
         """Where the session's KV is (read from the event loop: a snapshot)."""
@@ -121,10 +123,19 @@ class Residency:
 
     def idle(self, engine: Engine, catch_up_tokens: int) -> bool:
         """One piece of idle work: fill or complete a shared prefix's entry (one copy, and the
-        tier then serves it to other replicas), else catch a scorer up, else checkpoint a
-        session; False: none."""
-        return self.complete_prefix(engine) or \
-            (catch_up_tokens > 0 and self.catch_up(engine, catch_up_tokens) > 0) or self.checkpoint(engine)
+        tier then serves it to other replicas), else rewrite a held reply that called tools
+        in the client's form (sessions.kv.held_reply), else catch a scorer up, else checkpoint
+        a session; False: none.  ``catch_up_tokens`` bounds one idle prefill (0: none)."""
+        if self.complete_prefix(engine):
+            return True
+        if catch_up_tokens > 0:
+            rewritten = held_reply.rewrite_one(engine, self._idle_sessions(), catch_up_tokens)
+            if rewritten is not None:
+                self.rewritten += rewritten
+                return True
+            if self.catch_up(engine, catch_up_tokens) > 0:
+                return True
+        return self.checkpoint(engine)
 
     def complete_prefix(self, engine: Engine) -> bool:
         """Idle time: copy a wanted shared prefix's entry from an idle resident session of its
