@@ -119,9 +119,11 @@ def check_kv_type(kv_type: str, target_flash_attn: bool, capture_flash_attn: boo
 
 def kv_cache_bytes(config: EngineConfig, target_per_token: int, speculator_per_token: int) -> int:
     """What both models' KV caches take for ``config.slots`` slots (``*_per_token``: f16 K and
-    V of every layer), with the windowed scoring prefill's scratch slot and the two saved
-    states it keeps between prefills (a slot's, and the slot's with its new cells joined)."""
+    V of every layer), with the saved state each context keeps for moving labels (one slot's
+    worth: core.llama.context.Seq.move), and the windowed scoring prefill's scratch slot and
+    the two saved states it keeps between prefills (a slot's, and the slot's with its new
+    cells joined)."""
     per_f16 = KV_ELEMENT_BYTES[config.kv_type] / KV_ELEMENT_BYTES["f16"]
-    spec_slots = config.slots + (3 if config.scoring_window else 0)
-    return int(per_f16 * (config.slots * config.n_ctx * target_per_token
+    spec_slots = config.slots + 1 + (3 if config.scoring_window else 0)
+    return int(per_f16 * ((config.slots + 1) * config.n_ctx * target_per_token
                           + spec_slots * config.speculator_ctx_len * speculator_per_token))

@@ -8,6 +8,8 @@ import math
 import time
 from collections.abc import Callable
 
+import structlog
+
 from core.config import EngineConfig, kv_cache_bytes
 from core.errors import ConfigError, EngineError, VocabMismatch
 from core.llama.context import Context, Seq
@@ -15,6 +17,7 @@ from core.llama.model import Model
 from core.machine import available_bytes
 from core.specprefill.cost_model import Costs
 
+log = structlog.get_logger("specgate.engine")
 VOCAB_PROBE = "SpecGate probe: fn get_weather(city) -> {\"temp\": 21.5} 東京 ✓"
 CALIBRATION_TEXT = (
     "The quick brown fox jumps over the lazy dog while the committee reviews the "
@@ -75,6 +78,9 @@ def calibrate(target_ctx: Context, speculator_ctx: Context, costs: Costs, calls:
         if ctx is speculator_ctx:
             costs.speculator_step.observe(1, n, 1, step)
         ctx.clear()
+        # a sparse prefill's bridge: a K-shift of the whole context, or a moved label (core.specprefill.prefill)
+        log.info("bridge_costs", model=ctx.model.path.name, shift_s=round(cost.shift_s, 4),
+                 move_s=round(cost.move_s, 5), move_us_per_cell=round(cost.move_s_per_cell * 1e6, 3))
 
 
 def move_cost(seq: Seq, cells: int) -> tuple[float, float]:

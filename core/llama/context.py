@@ -88,6 +88,7 @@ class Context:
         self._mem = llama_cpp.llama_get_memory(self._ptr)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 2)
         self.abort: Callable[[], bool] | None = None  # checked between batches: a cancelled turn stops there
+        self.move_buffer = bytearray()  # a sequence's saved state while its labels move (Seq.move), kept
 
     @property
     def n_stream(self) -> int:
@@ -306,12 +307,17 @@ class Seq:
             via.clear()
 
     def _relabel(self, seq_id: int, moves: Mapping[int, int]) -> None:
-        """Move labels in sequence ``seq_id``'s saved state and load it back (emptied on failure)."""
+        """Move labels in sequence ``seq_id``'s saved state and load it back (emptied on failure),
+        through the context's kept buffer: a sparse prefill's bridges each copy the whole
+        sequence where cells are private, and fresh pages for it cost more than the copy."""
         size = llama_cpp.llama_state_seq_get_size(self.ptr, seq_id)
-        buf = (ctypes.c_uint8 * size)()
+        seq_cells.grow(self.ctx.move_buffer, size)
+        buf = (ctypes.c_uint8 * size).from_buffer(self.ctx.move_buffer)
         n = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
         seq_state.move_cells(np.frombuffer(buf, dtype=np.uint8, count=n), seq_id, moves)
-        if llama_cpp.llama_state_seq_set_data(self.ptr, buf, n, seq_id) == 0:
+        ok = llama_cpp.llama_state_seq_set_data(self.ptr, buf, n, seq_id) != 0
+        del buf  # the buffer may grow again
+        if not ok:
             llama_cpp.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
             raise EngineError("could not restore a KV sequence after moving its cells")
 

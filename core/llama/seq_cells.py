@@ -180,11 +180,13 @@ def write_joined_into(parts: Sequence[Cells], buf: bytearray) -> memoryview:
 
 
 def grow(buf: bytearray, n: int) -> None:
-    """Make ``buf`` hold at least ``n`` bytes; EngineError while something still views it
-    (a caller that failed mid-way and kept its arrays), so the caller does without."""
+    """Make ``buf`` hold at least ``n`` bytes, and half as much again when it grows (a
+    session's state grows every turn, and each growth pays fresh pages); EngineError while
+    something still views it (a caller that failed mid-way and kept its arrays), so the
+    caller does without."""
     if len(buf) < n:
         try:
-            buf.extend(bytes(n - len(buf)))
+            buf.extend(bytes(max(n, len(buf) * 3 // 2) - len(buf)))
         except BufferError as exc:
             raise EngineError(f"a KV buffer in use cannot grow: {exc}") from exc
 
