@@ -65,6 +65,11 @@ class ScoringWindow:
         is free."""
         return not self.busy and n >= self.window and base + n > self.span
 
+    def reserve(self, seq: Seq) -> bool:
+        """Grow the kept saved states ahead of a windowed prefill of ``seq`` (idle time)."""
+        size = seq.state_size()
+        return seq_cells.reserve(self._slot, size) | seq_cells.reserve(self._merged, size)
+
     def close(self) -> None:
         self.ctx.close()
 

@@ -355,6 +355,10 @@ class Seq:
         this context's streams (core.llama.seq_state.restream)."""
         self.load(seq_state.restream(other.save(), other.id, self.ctx.n_stream, self.stream))
 
+    def state_size(self) -> int:
+        """The bytes :meth:`save` would write."""
+        return int(llama_cpp.llama_state_seq_get_size(self.ptr, self.id))
+
     def save(self) -> bytes:
         """Serialize this sequence's KV cells (llama_state_seq_get_data)."""
         size = llama_cpp.llama_state_seq_get_size(self.ptr, self.id)

@@ -191,6 +191,16 @@ def grow(buf: bytearray, n: int) -> None:
             raise EngineError(f"a KV buffer in use cannot grow: {exc}") from exc
 
 
+def reserve(buf: bytearray, size: int) -> bool:
+    """Grow ``buf`` ahead of need (idle time): to half again ``size`` when it holds less than a
+    quarter more, so the copies a turn makes through it find their pages already there.
+    Returns whether it grew."""
+    if len(buf) >= size * 5 // 4:
+        return False
+    grow(buf, size * 3 // 2)
+    return True
+
+
 def _pieces(cells: Cells, data: bool = True) -> list[np.ndarray]:
     """The blob's pieces in order; without ``data`` the header and cell rows, then the
     trailing stream counts (the caller writes each layer's K and V between them)."""

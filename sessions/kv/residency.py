@@ -124,7 +124,8 @@ class Residency:
     def idle(self, engine: Engine, catch_up_tokens: int) -> bool:
         """One piece of idle work: fill or complete a shared prefix's entry (one copy, and the
         tier then serves it to other replicas), else rewrite a held reply that called tools
-        in the client's form (sessions.kv.held_reply), else catch a scorer up, else checkpoint
+        in the client's form (sessions.kv.held_reply), else grow the buffers a session's next
+        turn copies through (Engine.reserve_buffers), else catch a scorer up, else checkpoint
         a session; False: none.  ``catch_up_tokens`` bounds one idle prefill (0: none)."""
         if self.complete_prefix(engine):
             return True
@@ -133,8 +134,10 @@ class Residency:
             if rewritten is not None:
                 self.rewritten += rewritten
                 return True
-            if self.catch_up(engine, catch_up_tokens) > 0:
-                return True
+        if any(engine.reserve_buffers(slot) for slot, _ in self._idle_sessions()):
+            return True
+        if catch_up_tokens > 0 and self.catch_up(engine, catch_up_tokens) > 0:
+            return True
         return self.checkpoint(engine)
 
     def complete_prefix(self, engine: Engine) -> bool:

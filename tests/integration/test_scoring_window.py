@@ -170,3 +170,22 @@ def test_a_cancelled_windowed_prefill_leaves_the_slot_as_it_was(window_engine):
     assert e.window.ctx.seq_pos_max(0) == -1 and e.window.ctx.seq_pos_max(e.window.ctx.view_seq) == -1
     assert not e.window.busy
     seq.clear()
+
+
+def test_idle_time_reserves_the_buffers_a_deep_turn_copies_through(window_engine):
+    e = window_engine
+    target, scorer = e.target_ctx.seq(1), e.speculator_ctx.seq(1)
+    prompt = tokens(e, 300)
+    for seq in (target, scorer):
+        seq.clear()
+        seq.decode(prompt, 0, logits_last=False)
+    assert e.target_ctx.private_cells  # split streams: a bridge moves a label through the saved state
+    assert e.reserve_buffers(1)
+    held = len(e.target_ctx.move_buffer)
+    assert held >= target.state_size() * 5 // 4
+    assert not e.reserve_buffers(1)  # room enough: nothing grows twice
+    target.move({299: 305})
+    target.move({305: 299})
+    assert len(e.target_ctx.move_buffer) == held and target.pos_max() == 299  # the moves found their pages there
+    for seq in (target, scorer):
+        seq.clear()

@@ -131,3 +131,12 @@ def test_owned_cells_no_longer_view_their_buffer():
     part = parse(buf, 1).at(1, 3).owned()
     grow(buf, len(buf) + 10)  # nothing views it
     assert part.positions.tolist() == [1, 2] and part.of(0, 1, 0).stream == 0
+
+
+def test_a_buffer_is_reserved_ahead_of_need_and_left_alone_while_it_has_room():
+    from core.llama.seq_cells import reserve
+
+    buf = bytearray()
+    assert reserve(buf, 100) and len(buf) == 150
+    assert not reserve(buf, 120)  # 150 >= 1.25 x 120: room enough
+    assert reserve(buf, 121) and len(buf) == 225
