@@ -310,16 +310,10 @@ class Seq:
         """Move labels in sequence ``seq_id``'s saved state and load it back (emptied on failure),
         through the context's kept buffer: a sparse prefill's bridges each copy the whole
         sequence where cells are private, and fresh pages for it cost more than the copy."""
-        size = llama_cpp.llama_state_seq_get_size(self.ptr, seq_id)
-        seq_cells.grow(self.ctx.move_buffer, size)
-        buf = (ctypes.c_uint8 * size).from_buffer(self.ctx.move_buffer)
-        n = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
-        seq_state.move_cells(np.frombuffer(buf, dtype=np.uint8, count=n), seq_id, moves)
-        ok = llama_cpp.llama_state_seq_set_data(self.ptr, buf, n, seq_id) != 0
-        del buf  # the buffer may grow again
-        if not ok:
-            llama_cpp.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
-            raise EngineError("could not restore a KV sequence after moving its cells")
+        seq = Seq(self.ctx, seq_id)
+        state = seq.save_to(self.ctx.move_buffer)
+        seq_state.move_cells(np.frombuffer(state, dtype=np.uint8), seq_id, moves)
+        seq.load_buffer(state)
 
     def make_view(self, spans: Sequence[tuple[int, int]]) -> None:
         """Tag the cells at positions [p0, p1) of each span with the view sequence.
@@ -361,10 +355,7 @@ class Seq:
 
     def save(self) -> bytes:
         """Serialize this sequence's KV cells (llama_state_seq_get_data)."""
-        size = llama_cpp.llama_state_seq_get_size(self.ptr, self.id)
-        buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, self.id)
-        return ctypes.string_at(buf, n)
+        return bytes(self.save_to(bytearray()))
 
     def save_to(self, buf: bytearray) -> memoryview:
         """:meth:`save` into ``buf`` (grown when short), which a caller keeps between saves:
@@ -384,10 +375,7 @@ class Seq:
 
     def load(self, blob: bytes) -> None:
         """Replace this sequence's cells with ones saved by :meth:`save` (b"": empty it)."""
-        self.clear()
-        if not blob:
-            return
-        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        if llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(blob), self.id) == 0:
+        if blob:
+            self.load_buffer(memoryview(bytearray(blob)))
+        else:
             self.clear()
-            raise EngineError("could not restore a saved KV sequence")

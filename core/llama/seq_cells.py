@@ -124,7 +124,7 @@ def parse(blob: bytes | memoryview, seq_id: int) -> Cells:
 
 
 def write(cells: Cells) -> bytes:
-    return b"".join(x.tobytes() for x in _pieces(cells))
+    return bytes(write_into(cells, bytearray()))
 
 
 def write_into(cells: Cells, buf: bytearray) -> memoryview:
@@ -139,8 +139,7 @@ def write_joined_into(parts: Sequence[Cells], buf: bytearray) -> memoryview:
     first = parts[0]
     if any((p.k_types, p.v_types, p.v_trans) != (first.k_types, first.v_types, first.v_trans) for p in parts):
         raise EngineError("saved KV cells of different cache types cannot be joined")
-    heads = _pieces(replace(first, positions=np.concatenate([p.positions for p in parts]),
-                            k=(), v=()), data=False)
+    heads = _pieces(replace(first, positions=np.concatenate([p.positions for p in parts]), k=(), v=()))
     n_cells = sum(len(p) for p in parts)
     layer_bytes = sum(x.nbytes for p in parts for x in (*p.k, *p.v))
     heads_bytes = 24 * len(first.k_types)  # each layer's K and V heads: a type and a size
@@ -201,21 +200,15 @@ def reserve(buf: bytearray, size: int) -> bool:
     return True
 
 
-def _pieces(cells: Cells, data: bool = True) -> list[np.ndarray]:
-    """The blob's pieces in order; without ``data`` the header and cell rows, then the
-    trailing stream counts (the caller writes each layer's K and V between them)."""
+def _pieces(cells: Cells) -> list[np.ndarray]:
+    """The blob's header and cell rows, then its trailing stream counts (the caller writes
+    each layer's K and V between them)."""
     n = len(cells)
     out = [np.array([MAGIC, cells.seq_id & 0xFFFFFFFF, cells.n_stream], dtype="<u4"),
            np.zeros(cells.stream, dtype="<u4"), np.array([n], dtype="<u4")]
     if n:
         meta = np.stack([cells.positions, np.ones(n, np.int32), np.full(n, cells.seq_id, np.int32)], axis=1)
         out += [meta.astype("<i4"), np.array([cells.v_trans, len(cells.k_types)], dtype="<u4")]
-    if n and data:
-        for t, k in zip(cells.k_types, cells.k, strict=True):
-            out += [np.array([t], "<u4"), np.array([k.shape[1]], "<u8"), k]
-        for t, v in zip(cells.v_types, cells.v, strict=True):
-            size = np.array([v.shape[2], v.shape[0]], "<u4") if cells.v_trans else np.array([v.shape[1]], "<u8")
-            out += [np.array([t], "<u4"), size, v]
     out.append(np.zeros(cells.n_stream - 1 - cells.stream, dtype="<u4"))
     return out
 
