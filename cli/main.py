@@ -65,6 +65,15 @@ HELP = {
     "kv_tier_max_mb": "disk the KV tier may take; past it the least recently used entries are dropped",
     "kv_checkpoint_tokens": "in idle time, save a session's KV to the KV tier once it holds this many tokens more "
                             "than its last save, so a replica taking it over, or a restart, restores it (0: off)",
+    "kv_tier_secret": "keys the KV tier's checksums, so an entry written without it is refused (every replica "
+                      "sharing a tier needs the same; SPECGATE_KV_TIER_SECRET); empty: one generated once into "
+                      "the cache dir (kv-tier.secret, 0600)",
+    "kv_tier_timeout_s": "the model thread waits this long for one KV tier lookup; past it the turn builds what it "
+                         "looked for, and lookups miss at once for 30 s",
+    "kv_tier_queue_mb": "KV tier writes that may wait at once; past it a checkpoint is skipped and counted",
+    "isolate_conversations": "many end users behind one API key: a new conversation reuses only the shared system "
+                             "prompt and tools of the key's other conversations, never their turns (no splices, "
+                             "no lending from their checkpoints)",
     "catch_up_tokens": "with no turn running, catch idle sessions' scorer KV up in chunks of this many tokens, so "
                        "their next turn scores only its new tokens, and rewrite a held reply that called tools in the "
                        "form the client resends it (0: off; an arriving turn waits one chunk at most)",

@@ -133,6 +133,16 @@ class Engine:
     def slots(self) -> int:
         return self.target_ctx.n_seq
 
+    def state_layout(self) -> str:
+        """What a saved KV state depends on besides the model files, for the KV tier's
+        fingerprint: llama.cpp refuses a state saved with another stream count, and would
+        misread one with V stored the other way (transposed without flash attention)."""
+        parts = [f"slots={self.config.slots}", f"layout={self.config.kv_layout}"]
+        for role, ctx in (("target", self.target_ctx), ("scorer", self.speculator_ctx)):
+            parts.append(f"{role}={ctx.model.path.name}:streams={ctx.n_stream}:fa={int(ctx.flash_attn)}"
+                         f":v_trans={int(not ctx.flash_attn)}:kv={ctx.kv_type}")
+        return ";".join(parts)
+
     # -- measurement --------------------------------------------------------
     def calibrate(self, n_tokens: int) -> None:
         """Seed the cost functions (see :func:`core.startup.calibrate`)."""

@@ -74,7 +74,9 @@ def layer_settings(config: ServeConfig, replica_id: str) -> LayerSettings:
                          kv_budget_mb=gw.kv_budget_mb, kv_spill_dir=gw.kv_spill_dir,
                          kv_spill_max_mb=gw.kv_spill_max_mb, kv_tier_dir=tier_dir(gw.kv_tier_dir),
                          kv_tier_max_mb=gw.kv_tier_max_mb, catch_up_tokens=gw.catch_up_tokens,
-                         kv_checkpoint_tokens=gw.kv_checkpoint_tokens,
+                         kv_checkpoint_tokens=gw.kv_checkpoint_tokens, kv_tier_secret=gw.kv_tier_secret,
+                         kv_tier_timeout_s=gw.kv_tier_timeout_s, kv_tier_queue_mb=gw.kv_tier_queue_mb,
+                         isolate_conversations=gw.isolate_conversations,
                          prefix_min_tokens=gw.prefix_min_tokens, splice_min_tokens=gw.splice_min_tokens,
                          implicit_min_share=gw.implicit_min_share, close_timeout_s=min(5.0, gw.drain_timeout_s),
                          limits=gw.limits)
@@ -119,8 +121,10 @@ async def drain(app: web.Application) -> None:
     sockets = app[keys.WEBSOCKETS]
     for ws in tuple(sockets):
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
-    flushed, released = await app[keys.MANAGER].hand_over(min(5.0, cfg.drain_timeout_s))
-    log.info("drain_done", cancelled=cancelled, store_flushed=flushed, leases_released=released)
+    manager = app[keys.MANAGER]
+    kv = await manager.settle_kv(max(5.0, cfg.drain_timeout_s))
+    flushed, released = await manager.hand_over(min(5.0, cfg.drain_timeout_s))
+    log.info("drain_done", cancelled=cancelled, store_flushed=flushed, leases_released=released, **kv)
 
 
 SHUTDOWN_S = 5.0

@@ -36,6 +36,10 @@ class GatewayConfig:
     kv_tier_dir: str = "auto"  # KV that outlives the process: a folder or redis:// URL; auto = the cache dir, "" = off
     kv_tier_max_mb: int = 16384  # disk the KV tier may take; past it the least recently used entries go
     kv_checkpoint_tokens: int = 1024  # idle sessions' KV saved to the tier once grown this much (0: off)
+    kv_tier_secret: str = ""  # keys the tier's checksums; empty = a secret generated into the cache dir once
+    kv_tier_timeout_s: float = 5.0  # the model thread waits this long for one tier lookup, then builds instead
+    kv_tier_queue_mb: int = 2048  # tier writes waiting at most; past it a checkpoint is skipped (counted)
+    isolate_conversations: bool = False  # one key, many end users: share only the system prompt and tools
     # idle time catches scorers up, and rewrites held tool-call replies, in prefills this size at most (0: off);
     # a turn waits for one at most
     catch_up_tokens: int = 256
@@ -64,6 +68,8 @@ class GatewayConfig:
         _require(self.catch_up_tokens >= 0, "catch_up_tokens must be >= 0")
         _require(self.kv_checkpoint_tokens >= 0, "kv_checkpoint_tokens must be >= 0")
         _require(self.drain_timeout_s >= 0, "drain_timeout_s must be >= 0")
+        _require(self.kv_tier_timeout_s > 0, "kv_tier_timeout_s must be > 0")
+        _require(self.kv_tier_queue_mb >= 1, "kv_tier_queue_mb must be >= 1")
         _require(self.lease_ms >= 1000, "lease_ms must be >= 1000")
         _require(self.keepalive_s > 0, "keepalive_s must be > 0")
         _require(self.stream_hold_s >= 0, "stream_hold_s must be >= 0")

@@ -15,11 +15,13 @@ from pathlib import Path
 import structlog
 
 from core.config import EngineConfig, Limits
+from core.models.model_files import models_dir
 from core.runtime.worker import ModelState, ModelWorker
 from sessions.admission import FairAdmission
 from sessions.kv.parked import ParkedKV
-from sessions.kv.tier import DirectoryTier, KVTier
+from sessions.kv.tier import DirectoryTier, KVTier, TierSettings
 from sessions.kv.tier_redis import RedisTier
+from sessions.kv.tier_secret import tier_secret
 from sessions.manager import SessionManager
 from sessions.metadata import MetadataStore, RedisStore, open_store
 from sessions.registry import LocalRegistry, RedisRegistry, Registry
@@ -45,6 +47,10 @@ class LayerSettings:
     kv_tier_max_mb: int = 16384
     catch_up_tokens: int = 256  # 0: no idle catch-up
     kv_checkpoint_tokens: int = 1024  # 0: no session checkpoints in the tier
+    kv_tier_secret: str = ""  # empty: generated once into the cache dir (sessions.kv.tier_secret)
+    kv_tier_timeout_s: float = 5.0
+    kv_tier_queue_mb: int = 2048
+    isolate_conversations: bool = False
     prefix_min_tokens: int = 256
     splice_min_tokens: int = 0
     implicit_min_share: float = 0.5
@@ -52,23 +58,24 @@ class LayerSettings:
     limits: Limits = Limits()
 
 
-def model_fingerprint(engine: EngineConfig) -> bytes:
-    """Which model pair, and which KV cache type, a saved KV file belongs to (names and sizes:
-    cheap, and enough; a state saved as f16 does not load into a q8_0 cache)."""
+def model_fingerprint(engine: EngineConfig, layout: str = "") -> bytes:
+    """Which model pair, KV cache type and state layout (``Engine.state_layout``: slots, KV
+    layout, flash attention, V transposition) a saved KV file belongs to: names and sizes,
+    cheap and enough; a state saved with other settings does not load, or loads wrong."""
     parts = []
     for path in (engine.target, engine.speculator):
         p = Path(path)
         parts.append(f"{p.name}:{p.stat().st_size if p.exists() else 0}")
-    return "|".join([*parts, engine.kv_type]).encode()
+    return "|".join([*parts, engine.kv_type, layout]).encode()
 
 
-def open_tier(where: str, fingerprint: bytes, budget_bytes: int) -> KVTier | None:
+def open_tier(where: str, settings: TierSettings) -> KVTier | None:
     """The KV tier ``--kv-tier-dir`` names: a Redis URL, a folder, or none (empty)."""
     if not where:
         return None
     if where.startswith(("redis://", "rediss://", "unix://")):
-        return RedisTier(where, fingerprint, budget_bytes)
-    return DirectoryTier(where, fingerprint, budget_bytes)
+        return RedisTier(where, settings)
+    return DirectoryTier(where, settings)
 
 
 @contextlib.asynccontextmanager
@@ -77,15 +84,18 @@ async def open_layer(engine: EngineConfig, s: LayerSettings) -> AsyncIterator[Se
         worker = await stack.enter_async_context(_models(engine))
         store, writer, registry = await stack.enter_async_context(_store(s))
         admission = FairAdmission(s.max_queue, engine.slots)
-        parked = ParkedKV(s.kv_budget_mb << 20, s.kv_spill_dir or None, model_fingerprint(engine),
+        fingerprint = model_fingerprint(engine, await worker.call(lambda e: e.state_layout()))
+        parked = ParkedKV(s.kv_budget_mb << 20, s.kv_spill_dir or None, fingerprint,
                           s.kv_spill_max_mb << 20, namespace=s.replica_id)
-        tier = open_tier(s.kv_tier_dir, model_fingerprint(engine), s.kv_tier_max_mb << 20)
+        tier = await asyncio.to_thread(open_tier, s.kv_tier_dir, TierSettings(
+            fingerprint, s.kv_tier_max_mb << 20, tier_secret(s.kv_tier_secret, models_dir().parent) if
+            s.kv_tier_dir else b"", s.kv_tier_queue_mb << 20, s.kv_tier_timeout_s))
         if tier is not None:
-            stack.callback(tier.close)  # before the models close: a write under way lands
-            log.info("kv_tier_opened", where=tier.where, max_mb=s.kv_tier_max_mb)
+            stack.push_async_callback(asyncio.to_thread, tier.close, s.close_timeout_s)  # before the models close
+            log.info("kv_tier_opened", where=tier.where, max_mb=s.kv_tier_max_mb, fingerprint=tier.tag)
         manager = SessionManager(worker, store, parked, admission, writer, s.limits, s.session_ttl_s, registry,
                                  s.prefix_min_tokens, s.implicit_min_share, tier, s.kv_checkpoint_tokens,
-                                 s.splice_min_tokens)
+                                 0 if s.isolate_conversations else s.splice_min_tokens, s.isolate_conversations)
         # prefix entries copied, scorers caught up, sessions checkpointed
         worker.idle = lambda engine: manager.residency.idle(engine, s.catch_up_tokens)
         admission.start()

@@ -63,7 +63,7 @@ class SessionManager:
                  writer: StoreWriter, limits: Limits = DEFAULT_LIMITS, ttl_s: float = 86400,
                  registry: Registry | None = None, prefix_min_tokens: int = 256,
                  implicit_min_share: float = 0.5, tier: KVTier | None = None,
-                 checkpoint_tokens: int = 0, splice_min_tokens: int = 0) -> None:
+                 checkpoint_tokens: int = 0, splice_min_tokens: int = 0, isolate_conversations: bool = False) -> None:
         self.worker = worker
         self.store = store
         self.parked = parked
@@ -75,7 +75,7 @@ class SessionManager:
         self._sessions: dict[str, Session] = {}
         self.residency = Residency(worker.config.slots, parked, prefix_min_tokens,
                                    lambda s: self._sessions.get(s.key) is s, tier, checkpoint_tokens,
-                                   splice_min_tokens)  # model thread
+                                   splice_min_tokens, isolate_conversations)  # model thread
         self.implicit = ImplicitSessions(implicit_min_share)  # event loop only
 
     @property
@@ -379,6 +379,20 @@ class SessionManager:
     async def take_over(self, key: str, replica_id: str) -> bool:
         """Take ``key``'s lease from ``replica_id``, which did not answer."""
         return await self.registry.take_over(key, replica_id)
+
+    async def settle_kv(self, timeout_s: float) -> dict[str, Any]:
+        """Drain: idle work stops, and what it still owed the KV tier (wanted prefix entries,
+        checkpoints of idle sessions) is done and written within ``timeout_s``, so a restart
+        finds it.  Returns what was written and what was left for lack of time."""
+        deadline = time.monotonic() + timeout_s
+        self.worker.idle = None
+        tier = self.residency.prefixes.tier
+        if tier is None or not self.models_ready:
+            return {}
+        queued, left = await self.worker.call(lambda engine: self.residency.settle(engine, deadline))
+        landed = await asyncio.to_thread(tier.flush, max(0.0, deadline - time.monotonic()))
+        return {"kv_saved": queued, "kv_left": left, "kv_writes_landed": landed,
+                "kv_writes_waiting_mb": round(tier.queued_bytes / 2**20, 1)}
 
     async def hand_over(self, flush_timeout_s: float) -> tuple[bool, int]:
         """Drain: flush the records, stop renewing leases, release them for other replicas.

@@ -142,9 +142,19 @@ class Context:
         return Seq(self, self.scratch_seq)
 
     def copy_seq(self, src: int, dst: int) -> None:
-        """Make ``dst`` hold exactly ``src``'s cells (between split streams: a buffer copy)."""
+        """Make ``dst`` hold exactly ``src``'s cells, now.  In a unified cache they are shared
+        (no data moves).  Between split streams llama.cpp's ``seq_cp`` only queues a copy of
+        the whole stream, done at the context's next decode: a state loaded into ``src``
+        before then (another key's parked session taking the slot) would land in ``dst``
+        instead, and a save of ``dst`` would read what it held before.  So the cells travel
+        through ``src``'s saved state, relaid for ``dst``'s stream in the context's kept
+        buffer (:attr:`move_buffer`): done when this returns."""
         llama_cpp.llama_memory_seq_rm(self._mem, dst, -1, -1)
-        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+        if self.unified:
+            llama_cpp.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+            return
+        state = Seq(self, src).save_to(self.move_buffer)
+        Seq(self, dst).load_buffer(seq_state.restream_in_place(state, dst))
 
     # -- decoding -----------------------------------------------------------
     def decode(self, tokens: Sequence[int], start_pos: int, logits_last: bool = True,

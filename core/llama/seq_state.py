@@ -18,6 +18,7 @@ Anything else raises :class:`EngineError`, and the caller keeps the K-shift.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping
 
 import numpy as np
@@ -82,3 +83,26 @@ def restream(blob: bytes, seq_id: int, n_stream: int, stream: int) -> bytes:
         raise EngineError("a saved KV sequence spans more than one stream")
     head = np.array([MAGIC, seq_id & 0xFFFFFFFF, n_stream], dtype="<u4").tobytes()
     return head + zero * stream + body + zero * (n_stream - 1 - stream)
+
+
+def restream_in_place(state: memoryview, stream: int) -> memoryview:
+    """:func:`restream` for a context's own stream count, in the buffer ``state`` views (a
+    sequence's saved state, written by ``Seq.save_to`` into a buffer kept for it): the
+    sequence's count and cells slide to ``stream``'s place, the other counts are zeroed, and
+    nothing is allocated (a prefix's state is hundreds of MB, and fresh pages cost more than
+    the copy).  Returns ``state``."""
+    buf = np.frombuffer(state, dtype=np.uint8)
+    if len(buf) < HEADER or int(buf[:4].view("<u4")[0]) != MAGIC:
+        raise EngineError("not a saved KV sequence of the expected layout")
+    n_stream = int(buf[8:12].view("<u4")[0])
+    counts = buf[HEADER:HEADER + 4 * n_stream].view("<u4") if len(buf) >= HEADER + 4 * n_stream else None
+    if counts is None or not 0 <= stream < n_stream:
+        raise EngineError("not a saved KV sequence of the expected layout")
+    own = int(np.argmax(counts != 0)) if counts.any() else stream
+    block = len(buf) - HEADER - 4 * (n_stream - 1)  # the count and the cells
+    src, dst = HEADER + 4 * own, HEADER + 4 * stream
+    if src != dst:
+        ctypes.memmove(buf.ctypes.data + dst, buf.ctypes.data + src, block)
+        buf[HEADER:dst] = 0
+        buf[dst + block:] = 0
+    return state

@@ -24,7 +24,7 @@ files on the tier's writer thread.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -43,6 +43,7 @@ class SessionCheckpoints:
         self.tier = tier
         self.min_new = min_new_tokens  # a session is checkpointed again once it holds this many more tokens
         self._done: dict[str, int] = {}  # session key -> tokens in its last checkpoint (this process)
+        self._live: dict[str, object] = {}  # session key -> a token its queued index writes must still find
         self.written = self.restored = 0
         self.lent = 0  # new conversations started from another conversation's checkpoint
 
@@ -57,30 +58,37 @@ class SessionCheckpoints:
     def due(self, session_key: str, n: int) -> bool:
         return n - self._done.get(session_key, 0) >= self.min_new
 
-    def write(self, session_key: str, owner: str, tokens: Sequence[int], blobs: Blobs) -> None:
+    def write(self, session_key: str, owner: str, tokens: Sequence[int], blobs: Blobs) -> bool:
         """Keep ``blobs`` (the KV of exactly ``tokens``) as the session's checkpoint; the files
-        are written off the model thread."""
+        are written off the model thread.  False when the tier skipped it (its queue full)."""
         n, key = len(tokens), PrefixCache.key(owner, tokens)
+        live = self._live.setdefault(session_key, object())
+        if not self.tier.put(key, blobs, then=lambda: self._write_index(session_key, owner, tuple(tokens), key, live)):
+            return False
         self._done[session_key] = n
-        self.tier.put(key, blobs, then=lambda: self._write_index(session_key, owner, tuple(tokens), key))
+        return True
 
-    def _write_index(self, session_key: str, owner: str, tokens: tuple[int, ...], key: str) -> None:
+    def _write_index(self, session_key: str, owner: str, tokens: tuple[int, ...], key: str, live: object) -> None:
         """Point the session at its new entry, and drop the entry it replaces (a conversation's
         checkpoints grow by a turn each: only the latest is worth its bytes); list it first
-        in the owner's note."""
+        in the owner's note.  A session deleted since the write was queued gets no index: its
+        entry goes instead (writer thread)."""
+        if self._live.get(session_key) is not live:
+            self.tier.drop(key)
+            return
         name = self._index(session_key)
-        old = self._read(name)
+        old = self._read(name, self.tier.read_note)
         self.tier.write_note(name, orjson.dumps({"tokens": tokens, "key": key}))
         self.written += 1
         if old is not None and old[1] != key:
             self.tier.drop(old[1])
-        recent = [e for e in self._owner_entries(owner) if e["session"] != name]
+        recent = [e for e in self._owner_entries(owner, self.tier.read_note) if e["session"] != name]
         entry = {"session": name, "tokens": tokens, "key": key}
         self.tier.write_note(self._owner_note(owner), orjson.dumps([entry, *recent][:OWNER_RECENT]))
 
-    def _owner_entries(self, owner: str) -> list[dict[str, Any]]:
+    def _owner_entries(self, owner: str, read: Callable[[str], bytes | None]) -> list[dict[str, Any]]:
         try:
-            entries = orjson.loads(self.tier.read_note(self._owner_note(owner)) or b"[]")
+            entries = orjson.loads(read(self._owner_note(owner)) or b"[]")
             return [e for e in entries if isinstance(e, dict) and {"session", "tokens", "key"} <= set(e)]
         except (ValueError, TypeError):
             return []
@@ -89,7 +97,7 @@ class SessionCheckpoints:
         """(tokens, entry key) of the owner's latest checkpoints, newest first (each checked
         to be the owner's: an entry key is the owner and the tokens)."""
         out = []
-        for e in self._owner_entries(owner):
+        for e in self._owner_entries(owner, self.tier.note):
             try:
                 tokens = tuple(int(t) for t in e["tokens"])
             except (TypeError, ValueError):
@@ -98,9 +106,10 @@ class SessionCheckpoints:
                 out.append((tokens, str(e["key"])))
         return out
 
-    def _read(self, name: str) -> tuple[tuple[int, ...], str] | None:
+    @staticmethod
+    def _read(name: str, read: Callable[[str], bytes | None]) -> tuple[tuple[int, ...], str] | None:
         try:
-            index = orjson.loads(self.tier.read_note(name) or b"")
+            index = orjson.loads(read(name) or b"")
             return tuple(int(t) for t in index["tokens"]), str(index["key"])
         except (ValueError, KeyError, TypeError):
             return None
@@ -110,7 +119,7 @@ class SessionCheckpoints:
         """The session's checkpoint when it shares at least ``min_tokens`` leading tokens with
         ``tokens`` and leaves some to prefill: (tokens it holds, tokens shared, its blobs);
         None otherwise (none, another key's, another conversation, or gone)."""
-        if (index := self._read(self._index(session_key))) is None:
+        if (index := self._read(self._index(session_key), self.tier.note)) is None:
             return None
         held, key = index
         if PrefixCache.key(owner, held) != key:  # written for another key (or tampered with)
@@ -122,12 +131,19 @@ class SessionCheckpoints:
         return (len(held), shared, blobs) if blobs is not None else None
 
     def forget(self, session_key: str, owner: str) -> None:
-        """The session was deleted: its index goes, and its line in the owner's note, so it
-        lends nothing to new conversations (the entry ages out of the tier)."""
+        """The session was deleted: its entry, its index and its line in the owner's note go,
+        on the writer thread after whatever was queued for it (an index write queued before
+        the delete finds the session gone and drops its entry instead)."""
         self._done.pop(session_key, None)
+        self._live.pop(session_key, None)
+        self.tier.submit(lambda: self._forget_files(session_key, owner))
+
+    def _forget_files(self, session_key: str, owner: str) -> None:
         name = self._index(session_key)
+        if (index := self._read(name, self.tier.read_note)) is not None:
+            self.tier.drop(index[1])
         self.tier.delete_note(name)
-        entries = self._owner_entries(owner)
+        entries = self._owner_entries(owner, self.tier.read_note)
         if kept := [e for e in entries if e["session"] != name]:
             if len(kept) != len(entries):
                 self.tier.write_note(self._owner_note(owner), orjson.dumps(kept))

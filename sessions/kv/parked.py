@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import os
 import re
 import struct
@@ -26,10 +27,12 @@ from pathlib import Path
 
 import structlog
 
+from sessions.kv.private_files import private_dir, read_private, write_private
+
 log = structlog.get_logger("specgate.sessions")
 Blobs = tuple[bytes, bytes]  # (target, speculator)
 MAGIC = b"SGKV"
-VERSION = 1
+VERSION = 2  # 2: the checksum is keyed (a file written without the key fails it)
 HEADER = struct.Struct("<4sH32sQQ16s")  # magic, version, fingerprint, target len, speculator len, checksum
 
 
@@ -37,20 +40,22 @@ def _size(blobs: Blobs) -> int:
     return len(blobs[0]) + len(blobs[1])
 
 
-def _checksum(blobs: Blobs) -> bytes:
-    h = hashlib.blake2b(digest_size=16)
+def _checksum(blobs: Blobs, key: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=16, key=key)
     h.update(blobs[0])
     h.update(blobs[1])
     return h.digest()
 
 
-def frame(blobs: Blobs, fingerprint: bytes) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, fingerprint, len(blobs[0]), len(blobs[1]), _checksum(blobs)) + \
+def frame(blobs: Blobs, fingerprint: bytes, key: bytes = b"") -> bytes:
+    """``key`` (up to 64 bytes) keys the checksum: only a writer that holds it frames a file
+    that :func:`unframe` accepts."""
+    return HEADER.pack(MAGIC, VERSION, fingerprint, len(blobs[0]), len(blobs[1]), _checksum(blobs, key)) + \
         blobs[0] + blobs[1]
 
 
-def unframe(data: bytes, fingerprint: bytes) -> Blobs:
-    """The blobs of a spill file; ValueError naming the first check that fails."""
+def unframe(data: bytes, fingerprint: bytes, key: bytes = b"") -> Blobs:
+    """The blobs of a framed file; ValueError naming the first check that fails."""
     if len(data) < HEADER.size:
         raise ValueError(f"truncated header ({len(data)} bytes)")
     magic, version, fp, n_target, n_spec = HEADER.unpack_from(data)[:5]
@@ -61,8 +66,8 @@ def unframe(data: bytes, fingerprint: bytes) -> Blobs:
     if len(data) != HEADER.size + n_target + n_spec:
         raise ValueError(f"length {len(data)} != header's {HEADER.size + n_target + n_spec}")
     blobs = (data[HEADER.size:HEADER.size + n_target], data[HEADER.size + n_target:])
-    if _checksum(blobs) != HEADER.unpack_from(data)[5]:
-        raise ValueError("checksum mismatch")
+    if not hmac.compare_digest(_checksum(blobs, key), HEADER.unpack_from(data)[5]):
+        raise ValueError("checksum mismatch (corrupt, or written without this deployment's key)")
     return blobs
 
 
@@ -78,6 +83,7 @@ class ParkedKV:
             own = re.sub(r"[^A-Za-z0-9._-]", "_", namespace)
             self.spill_dir = Path(spill_dir) / own if own.strip(".") else Path(spill_dir)
         self.fingerprint = hashlib.sha256(fingerprint).digest()
+        self._key = os.urandom(32)  # spill files are this process's alone: nobody else can frame one
         self._ram: OrderedDict[str, Blobs] = OrderedDict()
         self._disk: OrderedDict[str, int] = OrderedDict()  # key -> file bytes, oldest first
         self._no_spill: set[str] = set()
@@ -88,7 +94,7 @@ class ParkedKV:
         self.spill_failures = 0
         self.spill_rejected = 0
         if self.spill_dir:
-            self.spill_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.spill_dir)
             self._clear_stale(self.spill_dir)
 
     @property
@@ -144,8 +150,10 @@ class ParkedKV:
         if path is None:
             return None
         try:
-            data = path.read_bytes()
-            return unframe(data, self.fingerprint)
+            data = read_private(path, self.spill_budget)
+            if data is None:
+                raise ValueError("the spill file is gone")
+            return unframe(data, self.fingerprint, self._key)
         except (OSError, ValueError) as exc:
             self.spill_rejected += 1
             log.warning("spill_rejected", key_hash=path.stem, error=str(exc))
@@ -186,21 +194,14 @@ class ParkedKV:
         path = self._spill_path(key)
         if path is None:
             return
-        data = frame(blobs, self.fingerprint)
+        data = frame(blobs, self.fingerprint, self._key)
         if len(data) > self.spill_budget:
             return
         self._make_room(len(data))
-        tmp = path.with_suffix(".partial")
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            tmp.replace(path)
+            write_private(path, data, sync=True)
         except OSError as exc:
             self.spill_failures += 1
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
             log.warning("spill_failed", key_hash=path.stem, bytes=len(data), error=str(exc))
             return
         self.spill_writes += 1

@@ -42,6 +42,12 @@ log = structlog.get_logger("specgate.sessions")
 SPLICE_MAX_GAP = 1024  # new tokens (a task) prefilled before a spliced run, at most
 
 
+def system_end(prompt: Prompt) -> int:
+    """Where the prompt's leading system message (with the tools the template puts there)
+    ends; 0 without one."""
+    return prompt.spans[0].end if prompt.spans and prompt.spans[0].role == "system" else 0
+
+
 @dataclass(slots=True)
 class TurnOutcome:
     result: Result
@@ -76,18 +82,22 @@ class PrefixStart:
 class Residency:
     def __init__(self, slots: int, parked: ParkedKV, prefix_min_tokens: int,
                  holds: Callable[[Session], bool], tier: KVTier | None = None,
-                 checkpoint_tokens: int = 0, splice_min_tokens: int = 0) -> None:
+                 checkpoint_tokens: int = 0, splice_min_tokens: int = 0, isolate: bool = False) -> None:
         """``holds(session)``: whether the session table still holds that very session (one
         deleted, expired or moved away meanwhile has nothing worth parking).  ``splice_min_tokens``:
-        the shortest run past the shared prefix worth moving in from a sibling (0: none)."""
+        the shortest run past the shared prefix worth moving in from a sibling (0: none).
+        ``isolate``: conversations of one key share no more than the system prompt and tools
+        (``--isolate-conversations``: many end users behind one key)."""
         self.slots = SlotTable(slots)
         self.parked = parked
         self.prefixes = PrefixCache(parked, prefix_min_tokens, tier)
         self.checkpoints = SessionCheckpoints(tier, checkpoint_tokens) if tier is not None and checkpoint_tokens \
             else None
         self._holds = holds
-        self.splice_min_tokens = splice_min_tokens
+        self.splice_min_tokens = 0 if isolate else splice_min_tokens
+        self.isolate = isolate
         self.spliced = 0  # tokens moved into place from another conversation's KV, not prefilled
+        self.splices_skipped = 0  # splices given up: the donor's slot changed while their gap was prefilled
         self.caught_up = 0  # scorer tokens prefilled in idle time
         self.rewritten = 0  # target tokens prefilled in idle time by held replies rewritten
 
@@ -162,6 +172,26 @@ class Residency:
                     return True
         return False
 
+    def settle(self, engine: Engine, deadline: float) -> tuple[int, int]:
+        """Drain, before the process stops: what idle work still owes the tier -- the wanted
+        prefix entries idle sessions hold, then a checkpoint of each idle session due one --
+        done while ``deadline`` (``time.monotonic()``) allows.  Returns (entries queued for
+        the tier, entries left for lack of time)."""
+        done = 0
+        while time.monotonic() < deadline and (self.complete_prefix(engine) or self.checkpoint(engine)):
+            done += 1
+        return done, self._owed()
+
+    def _owed(self) -> int:
+        idle = self._idle_sessions()
+        prefixes = sum(any(holder.owner == owner for _, holder in idle)
+                       for pending in (self.prefixes.unfilled, self.prefixes.lacking)
+                       for owner, _ in pending.values())
+        due = sum(self.checkpoints.due(holder.key, n) and n == len(holder.kv.target.tokens)
+                  for _, holder in idle if (n := dense_prefix(holder.kv.target, holder.kv.target.tokens)))  \
+            if self.checkpoints is not None else 0
+        return prefixes + due
+
     def checkpoint(self, engine: Engine) -> bool:
         """Idle time: save the KV of one idle resident session that has grown since its last
         checkpoint into the KV tier (sessions.kv.checkpoints), so that a replica taking it
@@ -177,9 +207,9 @@ class Residency:
             if n != len(tokens) or not self.checkpoints.due(holder.key, n):
                 continue
             with_scorer = dense_prefix(holder.kv.speculator, tokens) == n == len(holder.kv.speculator.tokens)
-            self.checkpoints.write(holder.key, holder.owner, tokens, engine.slot_kv.save(slot, with_scorer))
-            log.info("session_checkpointed", session_id=holder.id, tokens=n, with_scorer=with_scorer)
-            return True
+            if self.checkpoints.write(holder.key, holder.owner, tokens, engine.slot_kv.save(slot, with_scorer)):
+                log.info("session_checkpointed", session_id=holder.id, tokens=n, with_scorer=with_scorer)
+                return True
         return False
 
     def forget_kv(self, engine: Engine, session: Session) -> None:
@@ -281,9 +311,10 @@ class Residency:
         frequent."""
         t0, n = time.perf_counter(), self.prefixes.end(prompt)
         key = self.prefixes.key(owner, prompt.tokens[:n]) if n else ""
-        donor = self._donor(owner, prompt.tokens)
+        shareable = prompt.tokens[:system_end(prompt) + 1] if self.isolate else prompt.tokens
+        donor = self._donor(owner, shareable)
         covered = n > 0 and donor is not None and donor[2] >= n
-        if n and not covered:
+        if n and not covered and not self.isolate:
             lent = yield from self._from_conversation(engine, owner, kv, prompt.tokens, slot, n)
             if lent is not None:
                 lent.seconds = time.perf_counter() - t0
@@ -291,7 +322,7 @@ class Residency:
         if covered or not n or not self.prefixes.wanted(key):
             if covered:
                 self.prefixes.want(key, owner, prompt.tokens[:n])
-            shared = self._adopt(engine, kv, prompt.tokens, slot, donor)
+            shared = self._adopt(engine, kv, shareable, slot, donor)
             spliced, gap = 0, 0
             if shared and donor is not None:
                 spliced, gap = yield from self._splice(engine, kv, prompt.tokens, slot, donor[0], donor[1].kv,
@@ -347,7 +378,8 @@ class Residency:
         blobs = checkpoints.tier.get(best[1]) if best is not None else None
         if best is None or blobs is None:
             return None
-        seat = self.slots.seat(object())  # a free slot, else the least recently used idle one, parked
+        lender_seat = object()  # holds the slot while the checkpoint lends from it
+        seat = self.slots.seat(lender_seat)  # a free slot, else the least recently used idle one, parked
         lend, evicted = seat.slot, self._park(engine, seat)
         try:
             lender = SessionKV()
@@ -355,10 +387,14 @@ class Residency:
                 log.warning("checkpoint_unloadable", tokens=len(best[0]))
                 return PrefixStart(evicted=evicted)  # the turn prefills it all; the entry ages out
             shared = engine.slot_kv.adopt_prefix(tokens, kv, slot, lender, lend)
+            # idle while the gap before a spliced run is prefilled: another turn may take it
+            # (every running turn must find a slot), and the splice then finds it changed
+            self.slots.release(lend)
             spliced, gap = yield from self._splice(engine, kv, tokens, slot, lend, lender, "checkpoint")
         finally:
-            engine.slot_kv.load(None, lend)
-            self.slots.release(lend, keep=False)
+            if (mine := self.slots.find(lender_seat)) is not None:  # not taken meanwhile: emptied, freed
+                engine.slot_kv.load(None, mine)
+                self.slots.release(mine, keep=False)
         checkpoints.lent += 1
         log.info("prefix_lent_by_checkpoint", tokens=shared + spliced, spliced=spliced)
         return PrefixStart(shared=shared + spliced, source="conversation", loaded_bytes=sum(map(len, blobs)),
@@ -380,8 +416,13 @@ class Residency:
             return 0, 0
         k, j, n = found
         if k > start:
+            stamp = self.slots.stamp(donor_slot)
             yield Tokens(engine.target_ctx.seq(slot), tokens[start:k], start, logits=False)
             kv.target.extend(tokens[start:k], range(start, k))
+            if not self.slots.unchanged(donor_slot, stamp):  # other turns ran: it may hold another key's KV
+                self.splices_skipped += 1
+                log.info("kv_splice_skipped", donor=donor_id, reason="the donor's slot changed during the gap")
+                return 0, k - start
         try:
             engine.slot_kv.splice(slot, donor_slot, j, k, n)
         except EngineError as exc:  # a model whose K cannot be moved, an unexpected state layout

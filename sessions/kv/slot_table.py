@@ -27,6 +27,7 @@ class SlotTable:
         self._holder: list[object | None] = [None] * n
         self._busy = [False] * n
         self._used = [0] * n  # when each slot was last released (LRU among idle ones)
+        self._gen = [0] * n  # bumped whenever a slot is seated, released or emptied (see stamp)
         self._clock = 0
 
     def __len__(self) -> int:
@@ -50,6 +51,15 @@ class SlotTable:
                 return i
         return None
 
+    def stamp(self, slot: int) -> tuple[object | None, int]:
+        """Who holds ``slot``, and its generation.  A turn that reads another slot's KV after
+        a step (a splice after the prefill of its gap) compares stamps first: between steps
+        other turns run, and the slot may have been seated, emptied or given to another key."""
+        return self._holder[slot], self._gen[slot]
+
+    def unchanged(self, slot: int, stamp: tuple[object | None, int]) -> bool:
+        return self._holder[slot] is stamp[0] and self._gen[slot] == stamp[1]
+
     def seat(self, holder: object) -> Seat:
         """A slot for ``holder``'s turn: its own, else a free one, else the least recently
         used idle one.  Every slot busy is a bug in admission (at most one turn per slot)."""
@@ -57,6 +67,7 @@ class SlotTable:
             if self._busy[mine]:
                 raise EngineError("a holder's slot is already busy")
             self._busy[mine] = True
+            self._gen[mine] += 1
             return Seat(mine, False, None)
         idle = [i for i in range(len(self)) if not self._busy[i]]
         if not idle:
@@ -64,11 +75,13 @@ class SlotTable:
         slot = min(idle, key=lambda i: (self._holder[i] is not None, self._used[i]))
         displaced, self._holder[slot] = self._holder[slot], holder
         self._busy[slot] = True
+        self._gen[slot] += 1
         return Seat(slot, True, displaced)
 
     def release(self, slot: int, keep: bool = True) -> None:
         """The turn in ``slot`` ended; ``keep=False`` also forgets its holder (the KV is gone)."""
         self._busy[slot] = False
+        self._gen[slot] += 1
         self._clock += 1
         self._used[slot] = self._clock
         if not keep:
@@ -79,5 +92,6 @@ class SlotTable:
         slot = self.find(holder)
         if slot is not None and not self._busy[slot]:
             self._holder[slot] = None
+            self._gen[slot] += 1
             return slot
         return None

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from sessions.kv.checkpoints import SessionCheckpoints
+from sessions.kv.tier import TierSettings
 from sessions.kv.tier_redis import RedisTier
 from tests.support import start_gateway
 
@@ -19,7 +20,7 @@ BLOBS = (b"target-kv" * 1000, b"speculator-kv" * 500)  # 15.5 KB: 16 chunks of 1
 
 def tier(redis_server, fingerprint: bytes, budget: int = 1 << 20) -> RedisTier:
     """Each test names its own model pair: one Redis serves them all, under separate keys."""
-    return RedisTier(redis_server.url, fingerprint, budget, chunk_bytes=1024)
+    return RedisTier(redis_server.url, TierSettings(fingerprint, budget, b"secret"), chunk_bytes=1024)
 
 
 def written(t: RedisTier, key: str) -> None:
@@ -77,6 +78,7 @@ def test_session_checkpoints_work_over_redis(redis_server):
     assert other.find("alice:s1", "alice", (*tokens, 1)) == (300, 300, BLOBS)
     assert other.find("alice:s1", "bob", (*tokens, 1)) is None
     other.forget("alice:s1", "alice")
+    other.tier.flush()
     assert cp.find("alice:s1", "alice", (*tokens, 1)) is None
 
 

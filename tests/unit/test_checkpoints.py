@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from sessions.kv.checkpoints import SessionCheckpoints
 from sessions.kv.prefixes import PrefixCache
-from sessions.kv.tier import DirectoryTier
+from sessions.kv.tier import DirectoryTier, TierSettings
 
 BLOBS = (b"target" * 64, b"scorer" * 32)
 TOKENS = tuple(range(100, 400))  # 300 tokens
 
 
 def tiers(tmp_path) -> tuple[DirectoryTier, SessionCheckpoints]:
-    tier = DirectoryTier(tmp_path, b"pair", 1 << 20)
+    tier = DirectoryTier(tmp_path, TierSettings(b"pair", 1 << 20, b"secret"))
     return tier, SessionCheckpoints(tier, min_new_tokens=256)
 
 
@@ -42,7 +42,9 @@ def test_a_newer_checkpoint_replaces_the_older_entry_and_delete_drops_the_index(
     assert not tier.path(PrefixCache.key("alice", TOKENS)).exists()
     assert cp.find("alice:s1", "alice", (*longer, 1)) == (600, 600, (b"t2", b"s2"))
     cp.forget("alice:s1", "alice")
+    tier.flush()  # forgetting is the writer's job, after what was queued before it
     assert cp.find("alice:s1", "alice", (*longer, 1)) is None and not any(tier.notes.iterdir())
+    assert not any(tier.dir.iterdir())  # the entry goes with its index
 
 
 def test_an_index_whose_entry_is_gone_finds_nothing(tmp_path):
@@ -63,13 +65,15 @@ def test_an_owners_note_lists_its_latest_checkpoints_and_forgets_deleted_ones(tm
     cp.write("alice:s1", "alice", (*TOKENS, 5), BLOBS)  # s1 again: it moves to the front, once
     cp.write("bob:s9", "bob", TOKENS, BLOBS)
     tier.flush()
-    _, replica = tiers(tmp_path)
+    replica_tier, replica = tiers(tmp_path)
     assert [len(t) for t, _ in replica.recent("alice")] == [301, 300]
     assert [t for t, _ in replica.recent("bob")] == [TOKENS]
     assert replica.recent("carol") == []
     replica.forget("alice:s1", "alice")
+    replica_tier.flush()
     assert [t for t, _ in replica.recent("alice")] == [other]
     replica.forget("alice:s2", "alice")
+    replica_tier.flush()
     assert replica.recent("alice") == [] and replica.recent("bob") != []
 
 

@@ -105,6 +105,10 @@ def test_spill_frames_reject_tampering_truncation_and_other_models():
             unframe(bad, fp)
     with pytest.raises(ValueError, match="another model pair"):
         unframe(data, ParkedKV(0, None, b"other").fingerprint)
+    keyed = frame(blobs, fp, b"deployment-secret")
+    assert unframe(keyed, fp, b"deployment-secret") == blobs
+    with pytest.raises(ValueError, match="checksum"):  # framed by anyone without the key
+        unframe(keyed, fp, b"another-secret")
 
 
 def test_a_damaged_spill_file_is_discarded_and_counted(tmp_path):

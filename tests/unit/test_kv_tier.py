@@ -1,13 +1,13 @@
 """The directory KV tier without a model: entries round-trip, are shared by two tiers on one
-folder (two replicas, or a restart), and a file that fails a check -- truncated, flipped,
-written for another model pair -- is deleted and reported missing, never returned; the
-folder stays within its byte budget, least recently used first."""
+folder (two replicas, or a restart), and a file that fails a check -- truncated, flipped --
+is deleted and reported missing, never returned, while another model pair's tier never sees
+it; the folder stays within its byte budget, least recently used first."""
 
 from __future__ import annotations
 
 import os
 
-from sessions.kv.tier import DirectoryTier
+from sessions.kv.tier import DirectoryTier, TierSettings
 
 BLOBS = (b"target-kv" * 100, b"speculator-kv" * 50)
 
@@ -18,10 +18,10 @@ def written(tier: DirectoryTier, key: str, blobs: tuple[bytes, bytes] = BLOBS) -
 
 
 def test_an_entry_round_trips_and_another_tier_on_the_folder_finds_it(tmp_path):
-    a = DirectoryTier(tmp_path, b"pair-1", 1 << 20)
+    a = DirectoryTier(tmp_path, TierSettings(b"pair-1", 1 << 20, b"secret"))
     assert a.get("k") is None and a.misses == 1
     written(a, "k")
-    b = DirectoryTier(tmp_path, b"pair-1", 1 << 20)  # a restarted process, or another replica
+    b = DirectoryTier(tmp_path, TierSettings(b"pair-1", 1 << 20, b"secret"))  # a restarted process, or another replica
     assert b.get("k") == BLOBS and b.hits == 1
     assert [p.suffix for p in a.dir.iterdir()] == [".kv"]  # no partial file left
     a.close()
@@ -29,22 +29,23 @@ def test_an_entry_round_trips_and_another_tier_on_the_folder_finds_it(tmp_path):
 
 
 def test_a_damaged_or_foreign_file_is_deleted_and_never_loaded(tmp_path):
-    tier = DirectoryTier(tmp_path, b"pair-1", 1 << 20)
+    tier = DirectoryTier(tmp_path, TierSettings(b"pair-1", 1 << 20, b"secret"))
     for damage in (lambda d: d[: len(d) // 2], lambda d: d[:-1] + bytes([d[-1] ^ 1])):
         written(tier, "k")
         path = tier.path("k")
         path.write_bytes(damage(path.read_bytes()))
         assert tier.get("k") is None and not path.exists()
     written(tier, "k")
-    other = DirectoryTier(tmp_path, b"pair-2", 1 << 20)  # another model pair or KV type
-    assert other.get("k") is None and other.rejected == 1 and tier.rejected == 2
+    other = DirectoryTier(tmp_path, TierSettings(b"pair-2", 1 << 20, b"secret"))  # another model pair or KV type
+    assert other.get("k") is None and other.rejected == 0 and tier.rejected == 2  # its own folder: never seen
+    assert other.dir != tier.dir and tier.get("k") == BLOBS
     tier.close()
     other.close()
 
 
 def test_the_folder_stays_within_its_budget_least_recently_used_first(tmp_path):
     one = len(BLOBS[0]) + len(BLOBS[1]) + 100  # an entry with its header
-    tier = DirectoryTier(tmp_path, b"pair-1", 2 * one)
+    tier = DirectoryTier(tmp_path, TierSettings(b"pair-1", 2 * one, b"secret"))
     written(tier, "a")
     written(tier, "b")
     os.utime(tier.path("a"), (2, 2))
