@@ -105,12 +105,16 @@ def json_or_tool_call(schema: dict[str, Any] | None, tools: list[dict[str, Any]]
                       + _calls_rules(tools, syntax, parallel), "json_or_tool_call", syntax)
 
 
+ERROR_CHARS = 600  # of llguidance's reason, quoted back to the client
+
+
 def check(constraint: Constraint) -> Constraint:
     """The grammar compiles, or :class:`InvalidRequest` with llguidance's reason (which names
     the construct, e.g. an unsupported JSON-schema keyword)."""
     import llguidance
 
     error = llguidance.LLMatcher.validate_grammar(constraint.grammar(special=False))
-    if error:
-        raise InvalidRequest(f"the requested output format cannot be enforced: {error}")
+    if error:  # llguidance quotes the grammar line it failed on: a schema's whole JSON, at times
+        reason = error if len(error) <= ERROR_CHARS else f"{error[:ERROR_CHARS]}... ({len(error)} characters)"
+        raise InvalidRequest(f"the requested output format cannot be enforced: {reason}")
     return constraint

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
 
 from core.errors import InvalidRequest, UnsupportedMediaType
+
+T = TypeVar("T")
+BIG_BODY = 1 << 20  # a body this large is decoded off the event loop
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a worker thread: parsing a body of up to ``--max-body-mb`` (megabytes
+    of JSON, a forced call's grammar compiled) must not hold the event loop, and every
+    stream on it."""
+    return await asyncio.to_thread(fn, *args)
 
 
 async def read_json(request: web.Request) -> Any:
@@ -21,7 +33,7 @@ async def read_json(request: web.Request) -> Any:
         raise UnsupportedMediaType(f"the request body must be JSON, sent as Content-Type: application/json "
                                    f"(got {request.headers.get('Content-Type', 'none')!r})")
     try:
-        return orjson.loads(raw)
+        return await off_loop(orjson.loads, raw) if len(raw) > BIG_BODY else orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"malformed JSON body: {exc}") from exc
 

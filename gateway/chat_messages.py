@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import structlog
 
 from core.config import Limits
@@ -90,17 +91,24 @@ def size(message: dict[str, Any]) -> int:
     return n
 
 
-def parse_messages(raw: Any, limits: Limits, n_ctx: int) -> tuple[dict[str, Any], ...]:
+def parse_messages(raw: Any, limits: Limits, n_ctx: int, tool_chars: int = 0) -> tuple[dict[str, Any], ...]:
+    """``tool_chars``: the characters of the request's tool definitions, which the template
+    renders into the prompt too and count toward the same bound (:func:`tools_size`)."""
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("'messages' must be a non-empty list")
     if len(raw) > limits.max_messages:
         raise RequestTooLarge(f"{len(raw)} messages; this server takes at most {limits.max_messages} (max_messages)")
     messages = tuple(parse_message(m, i) for i, m in enumerate(raw))
     cap = limits.max_prompt_chars or 16 * n_ctx
-    if (total := sum(size(m) for m in messages)) > cap:
-        raise RequestTooLarge(f"messages hold {total} characters; this server takes at most {cap} "
-                              "(max_prompt_chars)")
+    if (total := sum(size(m) for m in messages) + tool_chars) > cap:
+        what = "messages and tools hold" if tool_chars else "messages hold"
+        raise RequestTooLarge(f"{what} {total} characters; this server takes at most {cap} (max_prompt_chars)")
     return messages
+
+
+def tools_size(tools: tuple[dict[str, Any], ...] | None) -> int:
+    """Characters the tool definitions bring (their JSON, as templates render them)."""
+    return len(orjson.dumps(tools)) if tools else 0
 
 
 def depth(value: Any, limit: int) -> int:

@@ -138,7 +138,9 @@ def parse_decoding(base: DecodingPolicy, body: dict[str, Any]) -> DecodingPolicy
 def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limits: Limits = DEFAULT_LIMITS,
                n_ctx: int = 8192, header_hint: str | None = None) -> ChatRequest:
     """``defaults``: the server's policies; the request's fields override them.  ``messages``
-    come back checked and reduced to the known fields (OpenAI's form, as stored)."""
+    come back checked and reduced to the known fields (OpenAI's form, as stored).  CPU work
+    on a body of up to ``--max-body-mb`` (a forced call's grammar compiles here): the routes
+    run it off the event loop (gateway.bodies.off_loop)."""
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     for key in UNSUPPORTED:
@@ -149,6 +151,7 @@ def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limi
     stream_options = _typed(body, "stream_options", dict, "an object") or {}
     session_id = header_session or _typed(body, "session_id", str, "a string")
     tools = wire.parse_tools(body, limits)
+    messages = wire.parse_messages(body.get("messages"), limits, n_ctx, wire.tools_size(tools))  # bounded first
     choice = wire.tool_choice(body.get("tool_choice"), tools)
     parallel = _typed(body, "parallel_tool_calls", bool, "a boolean") is not False
     schema, wants_json = json_format(body.get("response_format"))
@@ -156,7 +159,7 @@ def parse_chat(body: Any, defaults: TurnParams, header_session: str | None, limi
         raise RequestTooLarge(f"the response_format schema nests deeper than {limits.max_tool_depth} (max_tool_depth)")
     constraint = output_constraint(tools, choice, parallel, schema, wants_json)
     return ChatRequest(
-        messages=wire.parse_messages(body.get("messages"), limits, n_ctx),
+        messages=messages,
         tools=tools,
         stream=bool(_typed(body, "stream", bool, "a boolean")),
         include_usage=bool(stream_options.get("include_usage")),

@@ -19,6 +19,7 @@ from aiohttp import WSMsgType, web
 from core.errors import InvalidRequest, SessionBusy
 from gateway import chat_request, keys
 from gateway.auth import OWNER
+from gateway.bodies import off_loop
 from gateway.error_responses import ws_error
 from gateway.turns import Turn
 from gateway.wire.openai_chat import objects as openai_chat_objects
@@ -52,7 +53,7 @@ async def session_ws(request: web.Request) -> web.WebSocketResponse:
                 elif kind == "turn":
                     if task is not None and not task.done():
                         raise SessionBusy("a turn is already running on this socket; send cancel first")
-                    current = start_turn(request, session, event)
+                    current = await start_turn(request, session, event)
                     task = asyncio.create_task(stream_turn(ws, current))
                 else:
                     raise InvalidRequest(f"unknown message type {kind!r}; expected 'turn' or 'cancel'")
@@ -71,15 +72,15 @@ async def session_ws(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
-def start_turn(request: web.Request, session: Session, event: dict[str, Any]) -> Turn:
+async def start_turn(request: web.Request, session: Session, event: dict[str, Any]) -> Turn:
     new = event.get("messages")
     if not isinstance(new, list) or not new:
         raise InvalidRequest("'messages' must be a non-empty list of the new messages")
     body = {**{k: v for k, v in event.items() if k != "type"}, "messages": [*session.messages, *new],
             "stream": True}
     config = request.app[keys.CONFIG]
-    req = chat_request.parse_chat(body, request.app[keys.DEFAULTS], session.id, config.gateway.limits,
-                              config.engine.n_ctx)
+    req = await off_loop(chat_request.parse_chat, body, request.app[keys.DEFAULTS], session.id,
+                         config.gateway.limits, config.engine.n_ctx)
     return request.app[keys.RUNNER].start(req, session, session.owner)
 
 

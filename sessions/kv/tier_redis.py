@@ -49,6 +49,7 @@ class RedisTier(KVTier):
         pool = self.client.connection_pool.connection_kwargs
         self.where = f"redis://{pool.get('host', '?')}:{pool.get('port', '?')}/{pool.get('db', 0)}"
         self.repaired = 0  # heads removed because a chunk was gone
+        self.evicting_policy = ""  # Redis's maxmemory-policy when it may evict keys (session records too)
         self._drop_if_same = self.client.register_script(DROP_IF_SAME)
         self._writer.submit(self._check_server)
 
@@ -66,6 +67,7 @@ class RedisTier(KVTier):
             log.info("kv_tier_budget_fitted", maxmemory=maxmemory, budget=self.budget)
         policy = str(config.get("maxmemory-policy", "noeviction"))
         if maxmemory and policy != "noeviction":
+            self.evicting_policy = policy
             log.warning("kv_tier_redis_evicts", policy=policy,
                         detail="Redis may evict session records and leases under memory pressure: give the "
                                "KV tier a Redis of its own, or set maxmemory-policy noeviction")

@@ -217,3 +217,23 @@ def test_a_restarted_server_starts_a_sibling_from_another_conversations_checkpoi
         assert keyed_turn(again.base, "key-b", "c-2", task)["cache_n"] >= other["context_n"] - 1
     finally:
         again.stop()
+
+
+def test_isolated_conversations_share_the_system_prompt_and_nothing_after_it(tiny_target, tiny_speculator):
+    """``--isolate-conversations`` (many end users behind one key): a second conversation still
+    starts from the first one's system prompt, but takes none of its turn -- no splice of the
+    note it repeats after its own task, whose cells attended to the other user's task."""
+    shared = {}
+    for isolate in (False, True):
+        gw = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2}, splice_min_tokens=256,
+                           isolate_conversations=isolate)
+        try:
+            sibling_turn(gw.base, "u-1", "Say hello.")
+            t = sibling_turn(gw.base, "u-2", "Which unit raised the last pressure alarm, and when exactly?")["timings"]
+            shared[isolate] = (t["prefix_shared_n"], t["prefix_spliced_n"])
+        finally:
+            gw.stop()
+    (plain_shared, plain_spliced), (iso_shared, iso_spliced) = shared[False], shared[True]
+    assert plain_spliced >= 300 and iso_spliced == 0
+    system_only = plain_shared - plain_spliced  # the common prefix: the system prompt and the user turn's opening
+    assert 0 < iso_shared <= system_only and system_only - iso_shared < 8

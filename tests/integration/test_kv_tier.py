@@ -213,3 +213,54 @@ def test_idle_catch_up_completes_a_copied_prefix_with_the_scorers_part(tiny_targ
         assert t["speculator_deferred_n"] <= t["context_n"] - n + 4, t  # the prefix was not deferred
     finally:
         again.stop()
+
+
+def test_a_replica_with_other_kv_settings_neither_reads_nor_deletes_the_entries(tiny_target, tiny_speculator,
+                                                                               tmp_path):
+    """llama.cpp refuses a saved state whose stream count differs (another --slots, another
+    --kv-layout): such a replica on the same folder must keep to entries of its own layout,
+    not load the first one's, fail, and delete them (issue 51, point 7)."""
+    first = serve(tiny_target, tiny_speculator, tmp_path)
+    try:
+        converse(first.base, "f-1", "Which unit alarmed?")
+        n = converse(first.base, "f-2", "Report unit 7.")["prefix_built_n"]
+    finally:
+        first.stop()
+    (entry,) = tmp_path.rglob("*.kv")
+    other = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2}, kv_tier_dir=str(tmp_path))
+    try:
+        t = converse(other.base, "f-3", "Report unit 9.")
+        assert t.get("prefix_source") != "tier" and metric(other.base, "specgate_kv_tier_rejected_total") == 0
+    finally:
+        other.stop()
+    assert entry.exists()
+    again = serve(tiny_target, tiny_speculator, tmp_path)  # the first layout again: its entry still serves
+    try:
+        assert converse(again.base, "f-4", "Report unit 3.")["prefix_shared_n"] == n
+    finally:
+        again.stop()
+
+
+def test_a_stop_right_after_a_siblings_reply_keeps_the_shared_prefix(tiny_target, tiny_speculator, tmp_path):
+    """A sibling conversation adopts the agent's prefix from the first one's slot and leaves
+    the prefix's cache entry for idle work to copy.  The server is stopped before idle work
+    gets to it (here: idle work held off): the drain copies and writes it, so after a restart a
+    new conversation restores the prefix instead of prefilling it (issue 51, point 9)."""
+    from gateway import keys
+
+    first = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2}, kv_tier_dir=str(tmp_path))
+    try:
+        first.app[keys.MANAGER].worker.idle = None  # the stop comes before any idle work
+        converse(first.base, "p-1", "Which unit alarmed?")
+        sibling = converse(first.base, "p-2", "Report unit 7.")
+        n = sibling["prefix_shared_n"]
+        assert n > 1000 and sibling["prefix_source"] == "resident" and not list(tmp_path.rglob("*.kv"))
+    finally:
+        first.stop()
+    assert len(list(tmp_path.rglob("*.kv"))) == 1
+    again = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2}, kv_tier_dir=str(tmp_path))
+    try:
+        t = converse(again.base, "p-3", "Report unit 9.")
+        assert t["prefix_source"] == "tier" and t["prefix_shared_n"] == n and t["prompt_n"] == t["context_n"] - n
+    finally:
+        again.stop()

@@ -9,6 +9,7 @@ import httpx
 import pytest
 import redis
 
+from gateway import keys
 from sessions.kv.checkpoints import SessionCheckpoints
 from sessions.kv.tier import TierSettings
 from sessions.kv.tier_redis import RedisTier
@@ -109,3 +110,91 @@ def test_a_restarted_gateway_restores_a_prefix_from_redis(tiny_target, tiny_spec
         assert t["prefix_source"] == "tier" and t["prefix_bytes"] > 0
     finally:
         again.stop()
+
+
+def test_a_missing_chunk_removes_its_head_so_the_entry_is_written_again(redis_server):
+    t = tier(redis_server, b"repair")
+    client = redis.Redis.from_url(redis_server.url)
+    written(t, "k")
+    client.delete(next(k for k in client.keys(f"{t.prefix}:c:*")))  # evicted by Redis itself
+    assert t.get("k") is None and t.repaired == 1
+    assert not t.has("k") and client.keys(f"{t.prefix}:c:*") == []  # head and the other chunks gone
+    written(t, "k")
+    assert t.get("k") == BLOBS
+
+
+def test_a_failed_write_leaves_no_chunks_and_concurrent_writes_leave_one_entry(redis_server):
+    import threading
+
+    t = tier(redis_server, b"writes")
+    client = redis.Redis.from_url(redis_server.url)
+    name = t.name("k")
+    # a write that fails midway (Redis refuses writes past maxmemory): the chunks it wrote go
+    client.config_set("maxmemory", client.info("memory")["used_memory"] + 6000)
+    try:
+        with pytest.raises(redis.RedisError):
+            t._store(name, b"x" * 20000)
+    finally:
+        client.config_set("maxmemory", 0)
+    assert client.keys(f"{t.prefix}:c:*") == [] and not t.has("k")
+    # two replicas write one entry at once, many times: one head, and only its chunks
+    other = tier(redis_server, b"writes")
+    payloads = [bytes([i]) * 5000 for i in range(2)]
+
+    def writer(tr: RedisTier, data: bytes) -> None:
+        for _ in range(20):
+            tr._store(name, data)
+
+    threads = [threading.Thread(target=writer, args=(tr, d)) for tr, d in zip((t, other), payloads, strict=True)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wid, n, _ = client.get(t._head(name)).decode().split(":")
+    chunks = sorted(k.decode() for k in client.keys(f"{t.prefix}:c:*"))
+    assert chunks == sorted(t._chunk(name, wid, i) for i in range(int(n)))
+
+
+def test_the_budget_fits_redis_maxmemory_and_an_evicting_policy_is_reported():
+    from tests.support import RedisServer
+
+    server = RedisServer()
+    try:
+        server.client.config_set("maxmemory", 64 << 20)
+        server.client.config_set("maxmemory-policy", "allkeys-lru")
+        t = RedisTier(server.url, TierSettings(b"fit", 1 << 30, b"secret"))
+        t.flush()  # the check runs on the writer thread, off the caller's
+        assert t.budget == 32 << 20 and t.evicting_policy == "allkeys-lru"
+        server.client.config_set("maxmemory-policy", "noeviction")
+        quiet = RedisTier(server.url, TierSettings(b"fit", 1 << 30, b"secret"))
+        quiet.flush()
+        assert quiet.evicting_policy == "" and quiet.budget == 32 << 20
+    finally:
+        server.stop()
+
+
+def test_nothing_waits_on_a_paused_redis(tiny_target, tiny_speculator):
+    """``CLIENT PAUSE`` holds every command: ``/metrics`` still answers at once (it reads
+    counters), and a lookup on the model thread's behalf gives up at its deadline and then
+    misses at once for a while."""
+    import time
+
+    from tests.support import RedisServer
+
+    server = RedisServer()
+    gw = start_gateway(tiny_target, tiny_speculator, engine={"slots": 1}, kv_tier_dir=server.url,
+                       kv_tier_timeout_s=0.5)
+    try:
+        t = gw.app[keys.MANAGER].residency.prefixes.tier
+        assert httpx.get(gw.base + "/metrics", timeout=10).status_code == 200
+        server.client.client_pause(4000)
+        t0 = time.perf_counter()
+        r = httpx.get(gw.base + "/metrics", timeout=10)
+        assert r.status_code == 200 and time.perf_counter() - t0 < 1.0
+        t0 = time.perf_counter()
+        assert t.get("anything") is None and t.timeouts == 1 and time.perf_counter() - t0 < 2.0
+        t0 = time.perf_counter()
+        assert not t.has("anything") and time.perf_counter() - t0 < 0.1  # backing off: no wait at all
+    finally:
+        gw.stop()
+        server.stop()

@@ -160,6 +160,21 @@ def test_tool_schemas_nested_1000_deep_get_413(gw):
     assert code(r) == (400, "invalid_request") and "malformed JSON" in r.json()["error"]["message"]
 
 
+def test_megabytes_of_tools_get_413_without_the_model_thread(gw):
+    """Tool definitions render into the prompt too: 12 MB of them (a body under the 16 MB
+    cap) count toward ``max_prompt_chars`` and are refused while parsing, with the model
+    thread busy elsewhere the whole time (it never renders them)."""
+    tool = {"type": "function", "function": {"name": "f", "description": "d" * 4000,
+                                             "parameters": {"type": "object", "properties": {}}}}
+    body = {"messages": ONE, "tools": [dict(tool, function={**tool["function"], "name": f"f{i}"})
+                                       for i in range(3100)]}
+    assert len(orjson.dumps(body)) > 12 << 20
+    with ModelThreadHeld(gw):
+        r = httpx.post(gw.base + "/v1/chat/completions", headers=ALICE, json=body, timeout=30)
+    assert code(r) == (413, "request_too_large")
+    assert "messages and tools hold" in r.json()["error"]["message"] and "max_prompt_chars" in r.text
+
+
 def test_only_known_message_fields_are_stored(gw, redis_server):
     msgs = [{"role": "user", "content": "Hello.", "evil": "x" * 1000, "name": "u1"}]
     assert chat(gw, ALICE, "fields-1", msgs).status_code == 200

@@ -8,7 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway import chat_request, client_hints, keys, sse
-from gateway.bodies import json_response, read_json
+from gateway.bodies import json_response, off_loop, read_json
 from gateway.turn_http import begin, complete, session_headers
 from gateway.wire.openai_chat.encoder import ChunkEncoder
 from gateway.wire.openai_chat.objects import completion, new_id
@@ -20,9 +20,9 @@ routes = web.RouteTableDef()
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     config = app[keys.CONFIG]
-    req = chat_request.parse_chat(await read_json(request), app[keys.DEFAULTS],
-                              request.headers.get(client_hints.SESSION_HEADER), config.gateway.limits,
-                              config.engine.n_ctx, client_hints.header_hint(request.headers))
+    req = await off_loop(chat_request.parse_chat, await read_json(request), app[keys.DEFAULTS],
+                         request.headers.get(client_hints.SESSION_HEADER), config.gateway.limits,
+                         config.engine.n_ctx, client_hints.header_hint(request.headers))
     turn = await begin(request, req)
     model = config.gateway.model_name
     headers = session_headers(turn)

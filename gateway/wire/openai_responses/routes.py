@@ -7,7 +7,7 @@ from aiohttp import web
 
 from gateway import keys, sse
 from gateway.auth import OWNER
-from gateway.bodies import json_response, read_json
+from gateway.bodies import json_response, off_loop, read_json
 from gateway.turn_http import begin, complete
 from gateway.turns import to_turn
 from gateway.wire.openai_responses.encoder import Builder, ResponseEncoder
@@ -21,7 +21,7 @@ routes = web.RouteTableDef()
 async def create_response(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     session, history = await continued(request, body)
-    req = parse(body, request, history)
+    req = await off_loop(parse, body, request, history)
     if session is None and req.store and req.chat.session_id:  # kept apart from the named session, as ids say
         session = await request.app[keys.MANAGER].start_implicit(request[OWNER], required=True)
     turn = await begin(request, req.chat, session, keep=req.store)  # stored: kept so a follow-up continues it
@@ -60,6 +60,6 @@ async def delete_response(request: web.Request) -> web.Response:
 async def input_tokens(request: web.Request) -> web.Response:
     body = await read_json(request)
     _, history = await continued(request, body)
-    req = parse(body, request, history)
+    req = await off_loop(parse, body, request, history)
     prompt = await request.app[keys.MANAGER].render(to_turn(req.chat, request[OWNER]), check=False)
     return json_response({"object": "response.input_tokens", "input_tokens": len(prompt.tokens)})
