@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--responses", action="store_true",
                         help="soak: stored Responses chains with 30 tools, beside a count_tokens flood")
     parser.add_argument("--turns", type=int, default=None, help="soak: turns per session (default 10; quick 5)")
+    parser.add_argument("--two-keys", action="store_true",
+                        help="soak: two API keys' agents side by side, every slot's cells checked for the other "
+                        "key's canary (issue 51)")
+    parser.add_argument("--minutes", type=float, default=None, help="soak --two-keys: how long (default 20; quick 2)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="stateless: rounds of new conversations, one after another (default 1)")
     parser.add_argument("--agents", type=int, default=1, help="stateless: agents at once (default 1)")
@@ -50,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scorers", default="", help="scorers: the arms besides today's, as scorer/agg, e.g. "
                         "target-early:9/filter-sum,speculator-early:8/max")
     parser.add_argument("--kv-layout", choices=("split", "unified"), default="split",
-                        help="coding_agents and depth: the server's KV layout (default split; unified "
-                        "writes coding_agents_unified.json, depth_unified.json)")
+                        help="coding_agents, depth and soak --two-keys: the server's KV layout (default split; "
+                        "unified writes coding_agents_unified.json, depth_unified.json)")
     parser.add_argument("--target", default=None)
     parser.add_argument("--speculator", default=None)
     parser.add_argument("--scorer", default=None,
@@ -138,6 +142,12 @@ def soak(r: Run) -> Any:
 
     from bench import plots, soak
 
+    if r.args.two_keys:
+        from bench import soak_keys
+
+        minutes = r.args.minutes or (2.0 if r.quick else 20.0)
+        suffix = "" if r.args.kv_layout == "split" else f"_{r.args.kv_layout}"
+        return soak_keys.run(*_tiny(), r.path(f"soak_two_keys{suffix}"), minutes, r.args.kv_layout)
     sessions, turns = (20, 5) if r.quick else (100, 10)
     turns = r.args.turns or turns
     name = "soak_responses" if r.args.responses else "soak_stateless" if r.args.stateless else "soak"

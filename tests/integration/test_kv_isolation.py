@@ -159,3 +159,26 @@ def _as_seq(blob: bytes, src: int, dst: int) -> bytes:
     """A saved sequence of slot ``src`` laid out to load into slot ``dst`` of the same context."""
     cells = seq_cells.parse(blob, src)
     return seq_cells.write(cells.of(dst, cells.n_stream, dst if cells.n_stream > 1 else 0))
+
+
+def test_the_two_key_soak_sees_a_cell_of_the_other_keys_canary(tiny_target, tiny_speculator):
+    """The soak's detector (bench/soak_keys.py) can fail: a slot of key A's session holding one
+    run of key B's canary tokens is counted, and the same slot with A's own text is not."""
+    from bench import soak_keys
+    from core.engine import Engine
+
+    engine = Engine(engine_config(tiny_target, tiny_speculator, slots=2))
+    try:
+        refs = soak_keys.canary_rows(engine)
+        res = Residency(2, ParkedKV(1 << 30), prefix_min_tokens=0, holds=lambda s: True)
+        owner_a = next(o for o, k in soak_keys.OWNERS.items() if k == "key-a")
+        seat = res.slots.seat(Session(id="a", owner=owner_a))
+        mine = engine.target.tokenize(soak_keys.system_prompt("key-a", None), add_special=False)
+        engine.target_ctx.seq(seat.slot).decode(mine, 0, logits_last=False)
+        assert soak_keys.cross_key_cells(engine, res, refs) == (0, 1)
+        theirs = engine.target.tokenize(" " + soak_keys.KEYS["key-b"], add_special=False)
+        engine.target_ctx.seq(seat.slot).decode(theirs, len(mine), logits_last=False)
+        found, _ = soak_keys.cross_key_cells(engine, res, refs)
+        assert found >= 3
+    finally:
+        engine.close()
