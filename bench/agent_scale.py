@@ -111,7 +111,7 @@ def turn_done(log: Path) -> dict[str, Any]:
     return [orjson.loads(line) for line in log.read_bytes().splitlines() if b'"turn_done"' in line][-1]
 
 
-BACKENDS = ("directory", "redis", "unified", "llama_server")
+BACKENDS = ("directory", "redis", "unified", "stopped", "llama_server")
 
 
 def run(engine: EngineConfig, out: Path, backends: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
@@ -135,6 +135,11 @@ def run(engine: EngineConfig, out: Path, backends: tuple[str, ...] = BACKENDS) -
                            kv_layout="unified")
             unified_arms(unified)
             rows += unified.rows
+        if "stopped" in backends:
+            stopped = Arms(engine, tempfile.mkdtemp(prefix="specgate-kv-tier-"), "stopped", rport, logs,
+                           kv_layout="split")
+            stopped_arms(stopped)
+            rows += stopped.rows
     if "llama_server" in backends:
         rows += llama_server_arms(engine, logs)
     return summarize(rows, tier, redis_bytes, out, engine)
@@ -151,6 +156,36 @@ def directory_arms(a: Arms) -> None:
     survivor, survivor_log, survivor_pids = a.serve("survivor")
     with survivor as base:
         a.ask(base, survivor_log, survivor_pids[0], "after_sigkill", next_turn(body(TASKS[4])), SESSION)
+
+
+def stopped_arms(a: Arms) -> None:
+    """cold and sibling, then SIGTERM 0.3 s after the sibling's reply: before idle work has
+    copied the shared prefix's entry, or checkpointed either conversation.  The drain owes
+    the tier both (issue 51, point 9); a server started again on the folder gets a new task,
+    ``after_stop``, which should start from what the drain wrote, not prefill it all."""
+    first, first_log, first_pids = a.serve("first")
+    with first as base:
+        a.ask(base, first_log, first_pids[0], "cold", body(TASKS[0]))
+        a.ask(base, first_log, first_pids[0], "sibling", body(TASKS[1]))
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        os.kill(first_pids[0], signal.SIGTERM)
+        wait_for(lambda: not alive(first_pids[0]), 300)
+        drain = [orjson.loads(x) for x in first_log.read_bytes().splitlines() if b'"drain_done"' in x]
+        a.rows.append({"arm": "drain", "backend": a.backend, "wall_s": round(time.monotonic() - t0, 1),
+                       **(drain[-1] if drain else {})})
+    again, again_log, again_pids = a.serve("restarted")
+    with again as base:
+        a.ask(base, again_log, again_pids[0], "after_stop", body(TASKS[3]))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited: its parent just has not reaped it
+        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def redis_arms(a: Arms) -> None:
@@ -279,6 +314,10 @@ def summarize(rows: list[dict[str, Any]], tier: Path, redis_bytes: int, out: Pat
     of what prefilling those tokens densely cost in the cold run."""
     summary: dict[str, Any] = {}
     for r in rows:
+        if r["arm"] == "drain":  # the stop's own figures: how long it took, what it wrote
+            summary[f"{r['backend']}/drain"] = {k: r.get(k) for k in ("wall_s", "kv_saved", "kv_left",
+                                                                      "kv_writes_landed")}
+            continue
         cold = next(c for c in rows if c["backend"] == r["backend"] and c["arm"] == "cold")
         dense_per_token_ms = cold["prompt_ms"] / cold["prompt_n"]
         one = {"ttft_s": round(r["ttft_ms"] / 1e3, 2), "vs_cold": round(r["ttft_ms"] / cold["ttft_ms"], 3),

@@ -260,8 +260,9 @@ def stateless(summary: dict[str, Any], out: Path) -> None:
 
 def agent_scale(summary: dict[str, Any], out: Path) -> None:
     """TTFT of each arm of ``bench agent_scale``, by backend, with the share of the prompt reused."""
-    arms = [k for k in summary if "/" in k]
-    colors = {"directory": "tab:blue", "redis": "tab:red", "unified": "tab:purple", "llama_server": "tab:grey"}
+    arms = [k for k in summary if "/" in k and "ttft_s" in summary[k]]  # not a stop's own figures
+    colors = {"directory": "tab:blue", "redis": "tab:red", "unified": "tab:purple", "stopped": "tab:orange",
+              "llama_server": "tab:grey"}
     fig, ax = plt.subplots(figsize=(12, 4.6))
     ttft = [summary[k]["ttft_s"] for k in arms]
     ax.bar(range(len(arms)), ttft, color=[colors.get(k.split("/")[0], "tab:green") for k in arms])
