@@ -23,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--captures", default="", help="compare attention captures instead, e.g. flash,softmax: "
                         "the default scorer read through each (the first is the engine's own)")
     parser.add_argument("--out", default="results/eval")
+    d = parser.add_argument_group("--depth")
+    d.add_argument("--depth", action="store_true", help="SpecPrefill at depth on agent-shaped tool turns: answers "
+                   "that must be copied, and retention against dense (evals/depth.py)")
+    d.add_argument("--max-depth", type=int, default=28672, help="tokens the conversation grows to")
+    d.add_argument("--idle-s", type=float, default=30.0, help="idle time between turns for the scorer to catch up")
+    d.add_argument("--depth-seed", type=int, default=None, help="the tasks' seed (default: a fresh one each run)")
     g = parser.add_argument_group("--specattn")
     g.add_argument("--specattn", action="store_true", help="SpecAttn: perplexity vs KV access, and decode speed")
     g.add_argument("--ppl-texts", default=",".join(corpus.EVALUATION), help="documents scored for perplexity")
@@ -36,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import orjson
 
+    if args.depth:
+        from evals import depth
+        out = Path(args.out) / "depth.json" if args.out != "results/eval" else Path("results/eval_depth/depth.json")
+        summary = depth.run_depth(args.depth_seed, args.max_depth, args.idle_s, out, args.quick)
+        print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+        return 0
     if args.specattn:
         from evals import specattn
         print(orjson.dumps(specattn.run_specattn(args), option=orjson.OPT_INDENT_2).decode())
