@@ -24,6 +24,9 @@ HELP = {
     "mass": "mass mode: keep chunks until this share of the score",
     "keep_fraction": "chunk mode: fraction of chunks kept",
     "max_keep": "cap on kept tokens (0 = none), lowest chunks dropped first",
+    "whole_lines": "a kept token keeps its whole line (line-oriented tool results: files, logs, grep output)",
+    "code_blocks": "a kept def or class line keeps the block indented under it (a function's source is copied "
+                   "whole by agents)",
     "position_mode": "original (bridge) | compact",
     "min_tokens": "prompts shorter than this skip scoring",
     "break_even": "skip when scoring would cost more than it saves",

@@ -50,6 +50,7 @@ from core.specprefill import guard as tool_guard
 from core.specprefill import planner
 from core.specprefill.content import ContentKind, content_kind
 from core.specprefill.cost_model import Costs, Work
+from core.specprefill.lines import lines_of
 from core.specprefill.prefill import sparse_prefill
 from core.specprefill.scoring import importance
 from core.specprefill.selection import bridge_gaps, forced_mask, select_tokens
@@ -279,7 +280,9 @@ class Engine:
         if decision.score:
             scores = (yield from self.score(kv, tokens, policy, t, slot, sync))[q:]
             protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
-            kept = select_tokens(scores, policy.selection, protected)
+            widened = policy.selection.whole_lines or policy.selection.code_blocks
+            lines = lines_of([self.target.token_bytes(x) for x in delta]) if widened else None
+            kept = select_tokens(scores, policy.selection, protected, lines)
             if policy.position_mode == "original" and policy.bridge:
                 kept = bridge_gaps(kept, self.costs.target.bridge_tokens(len(kv.target.tokens)))
             t.scoring_ms = (time.perf_counter() - t_start) * 1e3

@@ -83,6 +83,9 @@ class Selection:
     keep_first: int = 4
     keep_last: int = 2
     max_keep: int = 0  # 0 = no cap
+    # a kept token keeps its whole line; a kept def/class line keeps its block (core/specprefill/lines.py)
+    whole_lines: bool = per_request(False)
+    code_blocks: bool = per_request(False)
 
     def __post_init__(self) -> None:
         _require(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")

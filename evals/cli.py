@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--max-depth", type=int, default=28672, help="tokens the conversation grows to")
     d.add_argument("--idle-s", type=float, default=30.0, help="idle time between turns for the scorer to catch up")
     d.add_argument("--depth-seed", type=int, default=None, help="the tasks' seed (default: a fresh one each run)")
+    d.add_argument("--depth-arms", default="dense,default", help="dense first, then SpecPrefill settings among "
+                   "default, lines (whole lines kept), blocks (whole lines and code blocks)")
     g = parser.add_argument_group("--specattn")
     g.add_argument("--specattn", action="store_true", help="SpecAttn: perplexity vs KV access, and decode speed")
     g.add_argument("--ppl-texts", default=",".join(corpus.EVALUATION), help="documents scored for perplexity")
@@ -45,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if args.depth:
         from evals import depth
         out = Path(args.out) / "depth.json" if args.out != "results/eval" else Path("results/eval_depth/depth.json")
-        summary = depth.run_depth(args.depth_seed, args.max_depth, args.idle_s, out, args.quick)
+        summary = depth.run_depth(args.depth_seed, args.max_depth, args.idle_s, out, args.quick,
+                                  tuple(args.depth_arms.split(",")))
         print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
         return 0
     if args.specattn:

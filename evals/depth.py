@@ -33,15 +33,23 @@ from bench.common import progress, write_result
 from core.config import EngineConfig
 from core.kv.positions import SessionKV
 from core.models import model_files
-from core.policies import PrefillPolicy, SamplingParams, TurnParams
+from core.policies import PrefillPolicy, SamplingParams, Selection, TurnParams
 from core.speculator import rollback
+from core.steps import drive
 from evals.agent_files import KINDS, Question, ToolResult, correct, tool_results
 
 if TYPE_CHECKING:
     from core.engine import Engine
+    from core.prompt import Prompt
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests/fixtures/clients/claude_code_first.json"
-ARMS = ("default", "dense")
+POLICIES = {  # the arms a run may name: the dense reference and SpecPrefill settings
+    "dense": PrefillPolicy(enabled=False),
+    "default": PrefillPolicy(),
+    "lines": PrefillPolicy(selection=Selection(whole_lines=True)),
+    "blocks": PrefillPolicy(selection=Selection(whole_lines=True, code_blocks=True)),
+}
+ARMS = ("dense", "default")
 AGREE_TOKENS = 32
 NLL_TOKENS = 64
 
@@ -84,13 +92,12 @@ def reply_nll(engine: Engine, kv: SessionKV, slot: int, n_prompt: int, reply: li
 class Conversation:
     """Both arms' KV and the shared history; one question at a time."""
 
-    def __init__(self, engine: Engine, system: list[dict[str, Any]], tools: tuple[dict[str, Any], ...]) -> None:
-        self.engine, self.tools = engine, tools
+    def __init__(self, engine: Engine, system: list[dict[str, Any]], tools: tuple[dict[str, Any], ...],
+                 arms: tuple[str, ...] = ARMS) -> None:
+        self.engine, self.tools, self.arms = engine, tools, arms  # arms[0] is dense: the reference
         self.history: list[dict[str, Any]] = list(system)
-        self.kv = {arm: SessionKV() for arm in ARMS}
-        self.slot = {"default": 0, "dense": 1}
-        self.params = {"default": TurnParams(prefill=PrefillPolicy()),
-                       "dense": TurnParams(prefill=PrefillPolicy(enabled=False))}
+        self.kv = {arm: SessionKV() for arm in arms}
+        self.slot = {arm: i for i, arm in enumerate(arms)}
         self.calls = 0
 
     def messages(self, q: Question, result: ToolResult | None) -> list[dict[str, Any]]:
@@ -110,47 +117,72 @@ class Conversation:
         sampling = SamplingParams(max_tokens=max_tokens(q, self.engine), temperature=0.0)
         out: dict[str, Any] = {"kind": q.kind, "depth": len(prompt), "follow_up": result is None}
         replies: dict[str, list[int]] = {}
-        for arm in ("dense", "default"):  # dense first: the default arm's reply is compared with it
-            params = TurnParams(prefill=self.params[arm].prefill, sampling=sampling)
+        for arm in self.arms:  # dense first: the others are compared with it
+            params = TurnParams(prefill=POLICIES[arm], sampling=sampling)
             res = self.engine.run(prompt, params, kv=self.kv[arm], slot=self.slot[arm])
             t = res.timings
             replies[arm] = list(res.tokens)
             out[arm] = {"correct": correct(q, res.text), "ttft_s": round(t.ttft_ms / 1e3, 2),
                         "specprefill": t.specprefill, "kept_pct": round(t.kept_pct, 1), "prompt_n": t.prompt_n,
                         "cache_n": t.cache_n, "reply": res.text[:400]}
-        dense, default = replies["dense"], replies["default"]
-        out["first_token_agrees"] = bool(dense[:1] == default[:1])
-        out["first32_agree"] = dense[:AGREE_TOKENS] == default[:AGREE_TOKENS]
-        out["nll"] = {arm: round(reply_nll(self.engine, self.kv[arm], self.slot[arm], len(prompt), dense), 4)
-                      for arm in ARMS}
+        dense = replies["dense"]
+        nll_dense = reply_nll(self.engine, self.kv["dense"], self.slot["dense"], len(prompt), dense)
+        for arm in self.arms[1:]:
+            out[arm].update({
+                "first_token_agrees": replies[arm][:1] == dense[:1],
+                "first32_agree": replies[arm][:AGREE_TOKENS] == dense[:AGREE_TOKENS],
+                "nll_increase": round(reply_nll(self.engine, self.kv[arm], self.slot[arm], len(prompt), dense)
+                                      - nll_dense, 4)})
         self.history = [*msgs, {"role": "assistant", "content": self.engine.target.detokenize(dense)}]
         return out
 
+    def share_prefix(self, prompt: Prompt) -> int:
+        """Prefill the system prompt and tools once, densely in both models, in the dense arm's
+        slot, and copy it into every other arm's (a sibling conversation's start): the arms
+        then differ only in what follows.  Returns the prefix's tokens."""
+        n = 0
+        while n < len(prompt.spans) and prompt.spans[n].role == "system":
+            n += 1
+        end = prompt.spans[n - 1].end if n else 0
+        ref, slot = self.kv["dense"], self.slot["dense"]
+        drive(self.engine.slot_kv.prefill_prefix(prompt.tokens[:end], ref, slot))
+        for arm in self.arms[1:]:
+            self.engine.slot_kv.adopt_prefix(prompt.tokens, self.kv[arm], self.slot[arm], ref, slot)
+        return end
+
     def idle(self, seconds: float) -> int:
-        """The gap an agent's tool leaves: the default arm's scorer catches up, as the
-        server's idle work would (one chunk at a time, for ``seconds`` at most)."""
-        t0, done = time.perf_counter(), 0
-        while time.perf_counter() - t0 < seconds:
-            step = self.engine.slot_kv.catch_up_speculator(self.kv["default"], self.slot["default"], 512)
-            if not step:
-                break
-            done += step
+        """The gap an agent's tool leaves: the sparse arms' scorers catch up, as the server's
+        idle work would (a chunk at a time, for ``seconds`` at most for each)."""
+        done = 0
+        for arm in self.arms[1:]:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                step = self.engine.slot_kv.catch_up_speculator(self.kv[arm], self.slot[arm], 512)
+                if not step:
+                    break
+                done += step
         return done
 
 
-def run_depth(seed: int | None, max_depth: int, idle_s: float, out: Path, quick: bool = False) -> dict[str, Any]:
+def run_depth(seed: int | None, max_depth: int, idle_s: float, out: Path, quick: bool = False,
+              arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
     from core.engine import Engine
 
+    if arms[0] != "dense" or set(arms) - set(POLICIES):
+        raise ValueError(f"arms: dense first, then some of {sorted(set(POLICIES) - {'dense'})}; got {arms}")
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 30)
-    progress(f"eval depth: seed {seed}, up to {max_depth} tokens")
-    config = model_files.with_default_models(EngineConfig(slots=2, n_ctx=max_depth + 4096))
+    progress(f"eval depth: seed {seed}, up to {max_depth} tokens, arms {', '.join(arms)}")
+    config = model_files.with_default_models(EngineConfig(slots=len(arms), n_ctx=max_depth + 4096))
     engine = Engine(config)
     rows: list[dict[str, Any]] = []
     try:
         system, tools = agent_prefix()
-        conv = Conversation(engine, system, tools)
+        conv = Conversation(engine, system, tools, arms)
         for i, result in enumerate(tool_results(seed, 3 if quick else 64)):
             first = engine.chat.render_chat(conv.messages(result.questions[0], result), tools)
+            if i == 0:
+                progress(f"eval depth: the agent's prefix, {conv.share_prefix(first)} tokens, in every arm")
+                conv.calls = 0
             if len(first) > max_depth:
                 break
             for k, q in enumerate(result.questions):
@@ -161,8 +193,9 @@ def run_depth(seed: int | None, max_depth: int, idle_s: float, out: Path, quick:
                 conv.idle(idle_s)
     finally:
         engine.close()
-    summary = summarize(rows)
-    write_result(out, "eval_depth", {"seed": seed, "max_depth": max_depth, "idle_s": idle_s, "summary": summary,
+    summary = summarize(rows, arms)
+    write_result(out, "eval_depth", {"seed": seed, "max_depth": max_depth, "idle_s": idle_s, "arms": arms,
+                                     "summary": summary,
                                      "rows": rows}, {"target": config.target, "speculator": config.speculator})
     return summary
 
@@ -171,28 +204,31 @@ def bucket(depth: int) -> str:
     return "<12K" if depth < 12288 else "12-20K" if depth < 20480 else ">=20K"
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per depth bucket and per question kind: answers right in each arm, the default arm's
-    share of what dense got right, and the retention measures."""
-    out: dict[str, Any] = {}
+def summarize(rows: list[dict[str, Any]], arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
+    """Per depth bucket and per question kind, for each sparse arm: answers right, its share of
+    what dense got right, and the retention measures against dense."""
     groups: dict[str, list[dict[str, Any]]] = {"all": rows}
     for r in rows:
         groups.setdefault(f"depth {bucket(r['depth'])}", []).append(r)
         groups.setdefault(f"kind {r['kind']}", []).append(r)
+    out: dict[str, Any] = {"kinds": [k for k in KINDS if f"kind {k}" in groups]}
     for name, group in groups.items():
         dense_right = [r for r in group if r["dense"]["correct"]]
-        nll = np.array([r["nll"]["default"] - r["nll"]["dense"] for r in group])
-        out[name] = {
-            "n": len(group), "dense_correct": len(dense_right),
-            "default_correct": sum(r["default"]["correct"] for r in group),
-            "default_of_dense": round(sum(r["default"]["correct"] for r in dense_right) / len(dense_right), 3)
-            if dense_right else None,
-            "first_token_agree": round(float(np.mean([r["first_token_agrees"] for r in group])), 3),
-            "first32_agree": round(float(np.mean([r["first32_agree"] for r in group])), 3),
-            "nll_increase": {"mean": round(float(nll.mean()), 4), "p50": round(float(np.median(nll)), 4),
-                             "p90": round(float(np.quantile(nll, 0.9)), 4), "max": round(float(nll.max()), 4)},
-            "kept_pct_mean": round(float(np.mean([r["default"]["kept_pct"] for r in group if not r["follow_up"]]
-                                                 or [100.0])), 1),
-        }
-    out["kinds"] = [k for k in KINDS if f"kind {k}" in out]
+        one: dict[str, Any] = {"n": len(group), "dense_correct": len(dense_right)}
+        for arm in arms[1:]:
+            nll = np.array([r[arm]["nll_increase"] for r in group])
+            reads = [r[arm]["kept_pct"] for r in group if not r["follow_up"]]
+            one[arm] = {
+                "correct": sum(r[arm]["correct"] for r in group),
+                "of_dense": round(sum(r[arm]["correct"] for r in dense_right) / len(dense_right), 3)
+                if dense_right else None,
+                "first_token_agree": round(float(np.mean([r[arm]["first_token_agrees"] for r in group])), 3),
+                "first32_agree": round(float(np.mean([r[arm]["first32_agree"] for r in group])), 3),
+                "nll_increase": {"mean": round(float(nll.mean()), 4), "p50": round(float(np.median(nll)), 4),
+                                 "p90": round(float(np.quantile(nll, 0.9)), 4), "max": round(float(nll.max()), 4)},
+                "kept_pct_mean": round(float(np.mean(reads)), 1) if reads else None,
+                "ttft_vs_dense": round(float(np.mean([r[arm]["ttft_s"] / r["dense"]["ttft_s"] for r in group
+                                                      if not r["follow_up"]] or [1.0])), 3),
+            }
+        out[name] = one
     return out

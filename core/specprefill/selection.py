@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from core.policies import Selection
+from core.specprefill.lines import Lines, widen
 
 
 def chunk_means(scores: np.ndarray, chunk: int) -> np.ndarray:
@@ -86,8 +87,9 @@ def forced_mask(n_tokens: int, keep_first: int, keep_last: int,
 
 
 def select_tokens(scores: np.ndarray, params: Selection,
-                  protected: Iterable[tuple[int, int]] = ()) -> np.ndarray:
-    """Sorted indices of the tokens to prefill into the target."""
+                  protected: Iterable[tuple[int, int]] = (), lines: Lines | None = None) -> np.ndarray:
+    """Sorted indices of the tokens to prefill into the target; with ``lines`` (the tokens'
+    lines, core.specprefill.lines) widened to whole lines and code blocks as ``params`` asks."""
     n, chunk = scores.size, params.chunk_size
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -98,8 +100,10 @@ def select_tokens(scores: np.ndarray, params: Selection,
     else:
         chunk_mask = select_by_fraction(means, params.keep_fraction)
     chunk_mask = cap_chunks(chunk_mask, means, chunk, forced, params.max_keep)
-    token_mask = np.repeat(chunk_mask, chunk)[:n] | forced
-    return np.flatnonzero(token_mask)
+    chosen = np.repeat(chunk_mask, chunk)[:n] | forced
+    if lines is not None:
+        chosen = widen(chosen, lines, params.whole_lines, params.code_blocks)
+    return np.flatnonzero(chosen)
 
 
 

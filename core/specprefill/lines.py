@@ -1,0 +1,81 @@
+"""A selection widened to the lines and code blocks it touches (pure numpy).
+
+Coding agents copy from their tool results: an ``Edit``'s ``old_string`` must match the file
+byte for byte, a line number feeds the next ``Read``.  Chunks of 32 tokens cut lines in two,
+and a function whose ``def`` line the scorer found is of no use without its body.  So, for
+line-oriented content:
+
+- **whole lines**: a line any of whose tokens is kept is kept whole;
+- **code blocks**: a kept line that opens a block (``def``, ``async def``, ``class``) keeps
+  the lines indented under it, up to ``max_block_lines``.
+
+Lines come from the tokens' bytes (a token that ends with or holds a newline closes its
+line); ``cat -n``'s line numbers (``   12\\t``), as ``Read`` returns files, are looked past
+for indentation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+NUMBERED = re.compile(rb"^\s*\d+\t")  # cat -n / Read: the line number and a tab
+OPENS = (b"def ", b"async def ", b"class ")
+
+
+@dataclass(slots=True, frozen=True)
+class Lines:
+    of_token: np.ndarray  # int64: the line each token belongs to
+    indent: np.ndarray  # int64 per line: leading spaces after any line number; -1 for a blank line
+    opens: np.ndarray  # bool per line: it opens a block (def, class)
+
+
+def lines_of(pieces: Sequence[bytes]) -> Lines:
+    """The lines of a token sequence whose pieces (the tokens' bytes) are ``pieces``."""
+    newlines = np.fromiter((p.count(b"\n") for p in pieces), dtype=np.int64, count=len(pieces))
+    ends = np.cumsum(newlines)
+    of_token = ends - newlines  # a token belongs to the line it starts in
+    text = b"".join(pieces).split(b"\n")
+    indent = np.full(len(text), -1, dtype=np.int64)
+    opens = np.zeros(len(text), dtype=bool)
+    for i, raw in enumerate(text):
+        line = NUMBERED.sub(b"", raw, count=1)
+        body = line.lstrip(b" ")
+        if body.strip():
+            indent[i] = len(line) - len(body)
+            opens[i] = body.startswith(OPENS)
+    return Lines(of_token, indent, opens)
+
+
+def widen(kept: np.ndarray, lines: Lines, whole_lines: bool, blocks: bool, max_block_lines: int = 80) -> np.ndarray:
+    """``kept`` (a boolean mask over the tokens) with the lines and blocks it touches."""
+    if not (whole_lines or blocks) or not kept.any():
+        return kept
+    line_kept = np.zeros(len(lines.indent), dtype=bool)
+    line_kept[np.unique(lines.of_token[kept])] = True
+    if blocks:
+        line_kept |= _blocks(line_kept, lines, max_block_lines)
+    widened = line_kept[lines.of_token]
+    return widened if whole_lines else kept | (widened & ~_touched(kept, lines))
+
+
+def _touched(kept: np.ndarray, lines: Lines) -> np.ndarray:
+    """Tokens on lines that ``kept`` already touches (left as the selection chose them when
+    lines are not widened whole: only blocks' other lines are added)."""
+    touched = np.zeros(len(lines.indent), dtype=bool)
+    touched[np.unique(lines.of_token[kept])] = True
+    return touched[lines.of_token]
+
+
+def _blocks(line_kept: np.ndarray, lines: Lines, limit: int) -> np.ndarray:
+    out = np.zeros_like(line_kept)
+    n = len(lines.indent)
+    for head in np.flatnonzero(line_kept & lines.opens):
+        depth, end = lines.indent[head], head + 1
+        while end < n and end - head <= limit and (lines.indent[end] < 0 or lines.indent[end] > depth):
+            end += 1
+        out[head:end] = True
+    return out

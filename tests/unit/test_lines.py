@@ -1,0 +1,56 @@
+"""A selection widened to whole lines and code blocks (core/specprefill/lines.py), on token
+pieces as a tokenizer cuts them, with and without cat -n numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from core.specprefill.lines import lines_of, widen
+
+SOURCE = ["x = 1\n", "def foo(a):\n", "    b = a\n", "\n", "    return b\n", "y = 2\n", "class K:\n",
+          "    def m(self):\n", "        pass\n", "z = 3\n"]
+
+
+def pieces(text: str, width: int = 3) -> list[bytes]:
+    """Cut ``text`` into pieces of ``width`` bytes (a tokenizer's pieces straddle lines too)."""
+    raw = text.encode()
+    return [raw[i:i + width] for i in range(0, len(raw), width)]
+
+
+def at(p: list[bytes], needle: bytes) -> int:
+    """The piece holding the first byte of ``needle``."""
+    offset = b"".join(p).index(needle)
+    return int(np.searchsorted(np.cumsum([len(x) for x in p]), offset, side="right"))
+
+
+def kept_text(p: list[bytes], mask: np.ndarray) -> str:
+    return b"".join(x for x, k in zip(p, mask, strict=True) if k).decode()
+
+
+def test_a_kept_token_keeps_its_line_and_a_kept_def_keeps_its_body():
+    for numbered in (False, True):
+        lines = [f"{i:>6}\t{x}" for i, x in enumerate(SOURCE, 1)] if numbered else SOURCE
+        p = pieces("".join(lines))
+        info = lines_of(p)
+        head = at(p, b"foo")  # a piece of the def line
+        mask = np.zeros(len(p), dtype=bool)
+        mask[head] = True
+        one_line = kept_text(p, widen(mask, info, whole_lines=True, blocks=False))
+        assert "def foo(a):" in one_line and "b = a" not in one_line
+        block = kept_text(p, widen(mask, info, whole_lines=True, blocks=True))
+        assert "def foo(a):" in block and "return b" in block and "y = 2" not in block and "x = 1" not in block
+        nested = np.zeros(len(p), dtype=bool)
+        nested[at(p, b"K:")] = True
+        cls = kept_text(p, widen(nested, info, whole_lines=True, blocks=True))
+        assert "def m(self):" in cls and "pass" in cls and "z = 3" not in cls
+
+
+def test_blocks_alone_add_the_body_and_leave_the_chosen_tokens_as_they_were():
+    p = pieces("".join(SOURCE))
+    info = lines_of(p)
+    mask = np.zeros(len(p), dtype=bool)
+    mask[at(p, b"foo")] = True
+    out = widen(mask, info, whole_lines=False, blocks=True)
+    assert "return b" in kept_text(p, out) and out[mask].all()
+    assert not widen(np.zeros(len(p), dtype=bool), info, True, True).any()
+    assert np.array_equal(widen(mask, info, False, False), mask)
