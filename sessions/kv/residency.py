@@ -184,9 +184,8 @@ class Residency:
 
     def _owed(self) -> int:
         idle = self._idle_sessions()
-        prefixes = sum(any(holder.owner == owner for _, holder in idle)
-                       for pending in (self.prefixes.unfilled, self.prefixes.lacking)
-                       for owner, _ in pending.values())
+        # an entry lacking only the scorer's part is there: it is completed once a scorer catches up
+        prefixes = sum(any(holder.owner == owner for _, holder in idle) for owner, _ in self.prefixes.unfilled.values())
         due = sum(self.checkpoints.due(holder.key, n) and n == len(holder.kv.target.tokens)
                   for _, holder in idle if (n := dense_prefix(holder.kv.target, holder.kv.target.tokens)))  \
             if self.checkpoints is not None else 0
