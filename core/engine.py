@@ -291,6 +291,10 @@ class Engine:
                                          len(runs(kept)), decision.kind)
             if kept.size == len(delta):
                 t.specprefill, t.specprefill_reason = Status.KEPT_ALL.value, "selection kept every token"
+        elif persistent and self._scores_ahead(policy, kv, tokens, len(delta)):
+            t0 = time.perf_counter()
+            yield from self.spec.sync(self.speculator_ctx.seq(slot), kv.speculator, tokens[:-1], t)
+            t.scoring_ms = (time.perf_counter() - t0) * 1e3
         t.prompt_n, t.kept_runs = int(kept.size), len(runs(kept))
         gen = yield from self.prefill_and_decode(kv, delta, kept, params, on_text, t, tokens, slot)
         t.ttft_ms = t.scoring_ms + t.prompt_ms + gen.first_token_s * 1e3
@@ -300,6 +304,19 @@ class Engine:
             context = tokens + tuple(gen.tokens[: gen.n_decoded])
             t.speculator_deferred_n = len(context) - common_prefix(kv.speculator.tokens, context)
         return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q, gen.stop_sequence)
+
+    def _scores_ahead(self, policy: PrefillPolicy, kv: SessionKV, tokens: tuple[int, ...], dense: int) -> bool:
+        """Whether a turn that is not scored, and prefills ``dense`` tokens into the target,
+        brings its scorer up to its prompt anyway: both are at least ``scorer_ahead_tokens``
+        (a lag idle time cannot catch up before an agent's next tool turn, on a turn that
+        costs minutes already), and the scoring window keeps the scorer's prefill linear.
+        Otherwise the first tool turns of a fresh server find their scorer thousands of tokens
+        behind and run densely (issue 52).  A sibling that adopted its prefix prefills a few
+        tokens: it is left to idle time."""
+        ahead = policy.scorer_ahead_tokens
+        if not policy.enabled or not ahead or self.window is None or dense < ahead:
+            return False
+        return len(tokens) - 1 - common_prefix(kv.speculator.tokens, tokens) >= ahead
 
     def _pick_decoding(self, params: TurnParams, depth: int) -> TurnParams:
         """``decode_auto``: a turn that asks for no mode decodes in the one measured fastest at its depth."""

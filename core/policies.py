@@ -118,6 +118,10 @@ class PrefillPolicy:
     guard_header_tokens: int = 32  # leading tokens of each tool result kept dense
     guard_user_tokens: int = 256  # trailing tokens of the latest user message kept dense
     guard_keywords: tuple[str, ...] = DEFAULT_GUARD_KEYWORDS
+    # a turn that runs densely while its scorer would lag this many tokens or more (an agent's first
+    # turn: the tool guard keeps it whole) prefills the scorer too, through the scoring window, so the
+    # tool turns after it score only their own tokens (0: never; the scorer catches up in idle time)
+    scorer_ahead_tokens: int = 4096
     selection: Selection = field(default_factory=Selection)
 
     def __post_init__(self) -> None:
@@ -133,6 +137,7 @@ class PrefillPolicy:
         _require(self.guard_scan_tokens >= 0, "guard_scan_tokens must be >= 0")
         _require(self.guard_header_tokens >= 0 and self.guard_user_tokens >= 0,
                  "guard_header_tokens and guard_user_tokens must be >= 0")
+        _require(self.scorer_ahead_tokens >= 0, f"scorer_ahead_tokens must be >= 0, got {self.scorer_ahead_tokens}")
 
 
 class DecodeMode(enum.StrEnum):
