@@ -20,7 +20,7 @@ from core.policies import PrefillPolicy
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
              "long_prefill", "scorers", "constrained", "stateless", "clients", "agent_scale", "depth",
-             "coding_agents")
+             "coding_agents", "fresh_start")
 EXTRA_HINT = "the benchmarks need the bench extra: .venv/bin/pip install -e '.[bench]'"
 
 
@@ -251,6 +251,12 @@ def depth(r: Run) -> Any:
     return s
 
 
+def fresh_start(r: Run) -> Any:
+    from bench import fresh_start
+
+    return fresh_start.run(r.engine, r.path("fresh_start"))
+
+
 def laid_out(name: str, r: Run) -> str:
     """A result's name, with the KV layout when it is not the default."""
     return name if r.args.kv_layout == "split" else f"{name}_{r.args.kv_layout}"
@@ -260,7 +266,7 @@ REGISTRY: dict[str, Callable[[Run], Any]] = {
     "first_turn": first_turn, "multi_turn": multi_turn, "overhead": overhead, "topp": topp, "planner": planner,
     "soak": soak, "fuzz": fuzz, "failover": failover, "concurrency": concurrency, "long_prefill": long_prefill,
     "scorers": scorers, "constrained": constrained, "stateless": stateless, "clients": clients,
-    "agent_scale": agent_scale, "depth": depth, "coding_agents": coding_agents,
+    "agent_scale": agent_scale, "depth": depth, "coding_agents": coding_agents, "fresh_start": fresh_start,
 }
 
 

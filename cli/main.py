@@ -40,6 +40,8 @@ HELP = {
     "guard_mode": "structural (keep structure dense, sparsify tool results) | skip (no SpecPrefill with tools)",
     "speculative": "speculative decoding: the speculator drafts, the target verifies",
     "specattn": "speculative decoding with SpecAttn sparse verification (implies speculative)",
+    "lookup": "prompt-lookup decoding: drafts copied from the conversation (the longest suffix found earlier), "
+              "verified by the target in one batch",
     "gamma": "tokens drafted per speculative round",
     "specattn_p": "SpecAttn: attention mass the verify view keeps (top-p)",
     "decode_auto": "a turn that asks for no decoding mode takes the one measured fastest at its depth "

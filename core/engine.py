@@ -24,6 +24,7 @@ from core.config import EngineConfig, check_kv_type
 from core.decoding import layer_map
 from core.decoding.decode import Generation, OnText, generate
 from core.decoding.guided import Guide
+from core.decoding.lookup import LookupDecoder
 from core.decoding.mode_speeds import ModeSpeeds
 from core.decoding.specattn import SparseVerify, layer_weights
 from core.decoding.speculative import SpeculativeDecoder
@@ -36,7 +37,7 @@ from core.kv.positions import (
 from core.kv.slot_state import SlotKV
 from core.llama import seq_cells
 from core.llama.capture import make_capture
-from core.llama.context import Context
+from core.llama.context import Context, Seq
 from core.llama.model import Model
 from core.loader import override
 from core.models import model_files, prefill_settings
@@ -351,6 +352,8 @@ class Engine:
         kv.extend(delta, positions.tolist())
         if params.decoding.mode is DecodeMode.PLAIN:
             gen = yield from generate(seq, n_past, params.sampling, on_text, idx)
+        elif params.decoding.mode is DecodeMode.LOOKUP:
+            gen = yield from self.look_up(seq, kv.tokens, n_past, params.sampling, on_text, t, idx)
         else:  # a constrained reply too: its drafts are sampled and verified under the grammar's mask
             gen = yield from self.speculate(kv_all, prompt, params.decoding, params.sampling, on_text, t, slot, idx)
         if constraint := params.sampling.constraint:
@@ -360,6 +363,17 @@ class Engine:
         t.decode_auto = params.decoding.decode_auto
         t.predicted_ms = gen.decode_s * 1e3
         t.predicted_n = len(gen.tokens)
+        return gen
+
+    def look_up(self, seq: Seq, context: list[int], n_past: int, sampling: SamplingParams, on_text: OnText | None,
+                t: Timings, idx: int) -> TurnSteps[Generation]:
+        """Prompt-lookup decoding (core.decoding.lookup): drafts copied from ``context``, the
+        session's logical tokens; a step with no draft is a plain one, batched with the others."""
+        guide = Guide(self.target, sampling.constraint) if sampling.constraint is not None else None
+        gen, stats = yield from LookupDecoder(seq, guide).generate(context, n_past, sampling, on_text, idx)
+        t.decode_mode, t.speculative = DecodeMode.LOOKUP.value, stats
+        if guide is not None:
+            gen.grammar_ms, gen.mask_ms = guide.compile_s * 1e3, guide.mask_s * 1e3
         return gen
 
     def speculate(self, kv: SessionKV, prompt: tuple[int, ...], policy: DecodingPolicy, sampling: SamplingParams,

@@ -144,6 +144,7 @@ class DecodeMode(enum.StrEnum):
     PLAIN = "plain"
     SPECULATIVE = "speculative"  # the speculator drafts, the target verifies densely
     SPECATTN = "specattn"  # speculative, verified through SpecAttn's sparse KV view
+    LOOKUP = "lookup"  # drafts copied from the context (prompt lookup), verified by the target
 
 
 @dataclass(slots=True, frozen=True)
@@ -152,6 +153,7 @@ class DecodingPolicy:
 
     speculative: bool = False
     specattn: bool = False  # implies speculative
+    lookup: bool = False  # prompt-lookup drafts (core.decoding.lookup); speculative and specattn win over it
     gamma: int = 4
     specattn_p: float = 0.95
     # turns that ask for no mode take the one measured fastest at their depth (core.decoding.mode_speeds)
@@ -165,7 +167,9 @@ class DecodingPolicy:
     def mode(self) -> DecodeMode:
         if self.specattn:
             return DecodeMode.SPECATTN
-        return DecodeMode.SPECULATIVE if self.speculative else DecodeMode.PLAIN
+        if self.speculative:
+            return DecodeMode.SPECULATIVE
+        return DecodeMode.LOOKUP if self.lookup else DecodeMode.PLAIN
 
 
 @dataclass(slots=True, frozen=True)

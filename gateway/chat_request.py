@@ -117,9 +117,15 @@ def _bounded(name: str, value: Any, kind: type, lo: Any, hi: Any) -> None:
 
 def parse_decoding(base: DecodingPolicy, body: dict[str, Any]) -> DecodingPolicy:
     """``speculative``: a boolean or {"gamma": int}; ``specattn``: a boolean or
-    {"p": number, "gamma": int} (SpecAttn implies speculative decoding).  ``"speculative": false``
-    asks for plain decoding, also on a ``--decode-auto`` server."""
+    {"p": number, "gamma": int} (SpecAttn implies speculative decoding); ``lookup``: a boolean
+    (prompt-lookup drafts).  ``"speculative": false`` asks for plain decoding, also on a
+    ``--decode-auto`` server."""
     policy = base
+    lookup = body.get("lookup")
+    if lookup is not None and not isinstance(lookup, bool):
+        raise InvalidRequest("'lookup' must be a boolean")
+    if lookup is not None:
+        policy = override(policy, lookup=lookup, **({"decode_auto": False} if lookup is False else {}))
     for key, fields_ in (("speculative", {"gamma"}), ("specattn", {"gamma", "p"})):
         raw = body.get(key)
         if raw is None or isinstance(raw, bool):

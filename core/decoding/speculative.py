@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.decoding.acceptance import accept_greedy, accept_stochastic, distribution, sample
+from core.decoding.acceptance import distribution, sample
 from core.decoding.decode import Generation, OnText, TextStream
 from core.decoding.guided import Guide
 from core.decoding.specattn import SparseVerify, view_spans
+from core.decoding.verify import Verifier
 from core.llama.capture import AttentionCapture
 from core.llama.context import Seq
 from core.policies import SamplingParams
@@ -51,7 +52,7 @@ class _Round:
     steps: list[np.ndarray]
 
 
-class SpeculativeDecoder:
+class SpeculativeDecoder(Verifier):
     """Draft with ``draft``, verify with ``target``; one reply at a time."""
 
     def __init__(self, target: Seq, draft: Seq, capture: AttentionCapture | None,
@@ -59,8 +60,8 @@ class SpeculativeDecoder:
         """``guide``: the reply's constraint.  The draft samples under its mask, each verified
         row is masked in the state its drafts lead to, and the matcher is rolled back over
         the rejected ones, so the reply is what plain constrained decoding gives."""
-        self.target, self.draft, self.capture = target, draft, capture
-        self.gamma, self.sparse, self.guide = gamma, sparse, guide
+        super().__init__(target, guide)
+        self.draft, self.capture, self.gamma, self.sparse = draft, capture, gamma, sparse
 
     def generate(self, positions: list[int], draft_ready: DraftReady, params: SamplingParams,
                  on_text: OnText | None = None, idx: int = -1) -> TurnSteps[SpeculativeGeneration]:
@@ -116,27 +117,6 @@ class SpeculativeDecoder:
                          stream.stop_sequence)
         return SpeculativeGeneration(gen, stats, draft_pos, committed)
 
-    def _masked(self, logits: np.ndarray) -> np.ndarray:
-        if self.guide is not None:
-            self.guide.mask(logits)
-        return logits
-
-    def _accepted(self, tok: int) -> None:
-        """Walk the matcher over ``tok``; an end-of-generation token ends the reply instead (and
-        llguidance does not count one it consumed when rolling back)."""
-        if self.guide is not None and not self.target.model.is_eog(tok):
-            self.guide.accept(tok)
-
-    def _rollback(self, drafts: list[int]) -> None:
-        if self.guide is not None:
-            self.guide.rollback(sum(not self.target.model.is_eog(d) for d in drafts))
-
-    @staticmethod
-    def _pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-        if params.temperature <= 0.0:
-            return int(np.argmax(logits))
-        return sample(distribution(logits, params), rng)
-
     def _draft(self, pending: list[int], dpos: int, gap: int, gamma: int, params: SamplingParams,
                rng: np.random.Generator, stats: SpeculativeStats) -> _Round:
         """Draft ``gamma`` tokens from position ``dpos``; the draft holds ``gap`` fewer
@@ -181,13 +161,13 @@ class SpeculativeDecoder:
             self.target.make_view(spans)
             try:
                 self.target.decode(batch, tpos, logits_all=True, through_view=True)
-                k, nxt = self._accept(len(batch), rnd, params, rng)
+                k, nxt = self._accept(len(batch), rnd.drafts, rnd.q_rows, params, rng)
                 self.target.commit_view(tpos, tpos + 1 + k)
             finally:
                 self.target.drop_view()  # frees the rejected cells, which only the view held
         else:
             self.target.decode(batch, tpos, logits_all=True)
-            k, nxt = self._accept(len(batch), rnd, params, rng)
+            k, nxt = self._accept(len(batch), rnd.drafts, rnd.q_rows, params, rng)
         stats.n_rounds += 1
         stats.n_drafted += len(rnd.drafts)
         stats.n_accepted += k
@@ -195,19 +175,3 @@ class SpeculativeDecoder:
         stats.cells_total += n_cells
         stats.verify_s += time.perf_counter() - t0
         return k, nxt
-
-    def _accept(self, n_rows: int, rnd: _Round, params: SamplingParams,
-                rng: np.random.Generator) -> tuple[int, int]:
-        rows = [self.target.logits_at(i) for i in range(n_rows)]
-        for i, row in enumerate(rows):  # row i in the grammar's state after drafts[:i]
-            self._masked(row)
-            if i < len(rnd.drafts):
-                self._accepted(rnd.drafts[i])
-        if params.temperature <= 0.0:
-            k, nxt = accept_greedy(rows, rnd.drafts)
-        else:
-            k, nxt = accept_stochastic([distribution(r, params) for r in rows], rnd.q_rows, rnd.drafts, rng)
-        self._rollback(rnd.drafts[k:])
-        self._accepted(nxt)
-        return k, nxt
-

@@ -30,7 +30,8 @@ _TOOL = {"type": "object", "required": ["type", "function"], "properties": {
 # SpecGate's own request fields, read on every route (gateway.chat_request)
 _EXTENSIONS = {"specprefill": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
                "speculative": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
-               "specattn": {"oneOf": [{"type": "boolean"}, {"type": "object"}]}}
+               "specattn": {"oneOf": [{"type": "boolean"}, {"type": "object"}]},
+               "lookup": {"type": "boolean"}}
 _CHAT = {"type": "object", "required": ["messages"], "properties": {
     "model": {"type": "string"},
     "messages": {"type": "array", "items": _MESSAGE, "minItems": 1, "maxItems": 8},

@@ -29,7 +29,7 @@ IGNORED_BLOCKS = ("thinking", "redacted_thinking", "server_tool_use", "web_searc
 # mcp_servers, betas, ...) have no meaning on this server and are ignored with a debug log
 KNOWN_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "max_tokens", "stream",
                           "temperature", "top_p", "top_k", "stop_sequences", "metadata", "session_id", "specprefill",
-                          "speculative", "specattn"})
+                          "speculative", "specattn", "lookup"})
 
 
 def parse(body: Any, request: web.Request) -> ChatRequest:
@@ -62,7 +62,7 @@ def parse_messages_body(body: Any, defaults: TurnParams, header_session: str | N
         "stream": body.get("stream"), "max_tokens": body["max_tokens"], "temperature": body.get("temperature"),
         "top_p": body.get("top_p"), "top_k": body.get("top_k"), "stop": body.get("stop_sequences"),
         "session_id": body.get("session_id"), "specprefill": body.get("specprefill"),
-        "speculative": body.get("speculative"), "specattn": body.get("specattn"),
+        "speculative": body.get("speculative"), "specattn": body.get("specattn"), "lookup": body.get("lookup"),
         "user": client_hints.anthropic_user_hint(_user_id(body.get("metadata"))),
         "parallel_tool_calls": False if isinstance(body.get("tool_choice"), dict)
         and body["tool_choice"].get("disable_parallel_tool_use") is True else None,

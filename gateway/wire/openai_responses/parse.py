@@ -24,7 +24,7 @@ TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 KNOWN_FIELDS = frozenset({"model", "input", "instructions", "tools", "tool_choice", "stream", "max_output_tokens",
                           "temperature", "top_p", "parallel_tool_calls", "text", "store", "metadata", "user",
                           "prompt_cache_key", "previous_response_id", "background", "conversation", "specprefill",
-                          "speculative", "specattn"})
+                          "speculative", "specattn", "lookup"})
 ECHOED = ("instructions", "max_output_tokens", "metadata", "parallel_tool_calls", "previous_response_id",
           "temperature", "top_p", "user", "prompt_cache_key")
 
@@ -65,7 +65,7 @@ def parse_body(body: Any, history: list[dict[str, Any]], defaults: Any, limits: 
                  "tool_choice": _tool_choice(body.get("tool_choice")), "stream": body.get("stream"),
                  "max_tokens": body.get("max_output_tokens"), "temperature": body.get("temperature"),
                  "top_p": body.get("top_p"), "specprefill": body.get("specprefill"),
-                 "speculative": body.get("speculative"), "specattn": body.get("specattn"),
+                 "speculative": body.get("speculative"), "specattn": body.get("specattn"), "lookup": body.get("lookup"),
                  "parallel_tool_calls": body.get("parallel_tool_calls"), "response_format": _format(fmt),
                  "prompt_cache_key": body.get("prompt_cache_key"), "user": body.get("user")}
     chat = chat_request.parse_chat({k: v for k, v in chat_body.items() if v is not None}, defaults, None, limits, n_ctx,

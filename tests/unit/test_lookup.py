@@ -1,0 +1,37 @@
+"""Prompt-lookup drafts (core/decoding/lookup.py), without a model: the longest suffix found
+earlier, its most recent occurrence, what followed it, and k adapting to acceptance."""
+
+from __future__ import annotations
+
+from core.decoding.lookup import K_MAX, K_MIN, Drafter, Lookup
+
+
+def test_the_longest_suffix_found_earlier_gives_what_followed_its_latest_occurrence():
+    d = Drafter([1, 2, 3, 4, 5, 9, 9, 2, 3, 4, 6, 7, 8, 2, 3], max_ngram=4, min_ngram=2)
+    assert d.propose(3) == [4, 6, 7]  # "2 3" last seen before the end at index 7: then 4 6 7
+    d.extend([4])  # "2 3 4" now: its latest earlier occurrence is also at 7
+    assert d.propose(8) == [6, 7, 8, 2, 3, 4]  # up to the end of what is there
+    assert Drafter([5, 6, 7, 8], min_ngram=2).propose(4) == []  # nothing repeats
+    assert Drafter([5, 6, 5, 6], min_ngram=2).propose(4) == [5, 6]  # overlapping occurrences count
+    assert Drafter([1, 2, 9, 2], min_ngram=1).propose(2) == [9, 2]  # a 1-gram where allowed
+    assert Drafter([1, 2, 9, 2], min_ngram=2).propose(2) == []
+
+
+def test_a_long_context_is_searched_and_grown():
+    context = list(range(5000)) * 2  # the second half repeats the first
+    d = Drafter(context[:7000])
+    assert d.propose(5) == [2000, 2001, 2002, 2003, 2004]
+    d.extend(list(range(7000, 9000)))
+    assert d.propose(3) == []  # 7000.. appear once
+
+
+def test_k_doubles_after_a_full_accept_and_falls_after_a_miss():
+    state = Lookup(k=8)
+    state.adapt(8, 8)
+    assert state.k == 16
+    state.adapt(16, 16)
+    assert state.k == K_MAX
+    state.adapt(16, 3)
+    assert state.k == 4
+    state.adapt(4, 0)
+    assert state.k == K_MIN
