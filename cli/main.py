@@ -27,6 +27,8 @@ HELP = {
     "whole_lines": "a kept token keeps its whole line (line-oriented tool results: files, logs, grep output)",
     "code_blocks": "a kept def or class line keeps the block indented under it (a function's source is copied "
                    "whole by agents)",
+    "code_skeleton": "in source code, keep every top-level line (imports, constants, def and class lines) and "
+                     "every def line, whatever their scores",
     "position_mode": "original (bridge) | compact",
     "min_tokens": "prompts shorter than this skip scoring",
     "break_even": "skip when scoring would cost more than it saves",

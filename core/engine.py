@@ -281,9 +281,10 @@ class Engine:
         if decision.score:
             scores = (yield from self.score(kv, tokens, policy, t, slot, sync))[q:]
             protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
-            widened = policy.selection.whole_lines or policy.selection.code_blocks
+            sel = policy.selection
+            widened = sel.whole_lines or sel.code_blocks or sel.code_skeleton
             lines = lines_of([self.target.token_bytes(x) for x in delta]) if widened else None
-            kept = select_tokens(scores, policy.selection, protected, lines)
+            kept = select_tokens(scores, sel, protected, lines, decision.kind is ContentKind.CODE)
             if policy.position_mode == "original" and policy.bridge:
                 kept = bridge_gaps(kept, self.costs.target.bridge_tokens(len(kv.target.tokens)))
             t.scoring_ms = (time.perf_counter() - t_start) * 1e3

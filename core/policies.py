@@ -86,6 +86,7 @@ class Selection:
     # a kept token keeps its whole line; a kept def/class line keeps its block (core/specprefill/lines.py)
     whole_lines: bool = per_request(False)
     code_blocks: bool = per_request(False)
+    code_skeleton: bool = per_request(False)  # source code: top-level and def lines kept whatever their scores
 
     def __post_init__(self) -> None:
         _require(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")

@@ -107,8 +107,9 @@ def python_module(rng: random.Random, path: str, target_chars: int = 9000) -> To
     c_name, c_value, _ = rng.choice(constants)
     d_name, d_line, _ = rng.choice(functions)
     questions = (
-        Question("function_source", f"Read {path} and show me the exact source of the function `{fn_name}`, "
-                 "as it is in the file, without line numbers.", source),
+        Question("function_source", f"Read {path}. Then reply with only the complete source code of the "
+                 f"function `{fn_name}`, copied verbatim from the file (without the line numbers), in a ```python "
+                 "code block.", source),
         Question("constant_value", f"In {path}, what is the value of `{c_name}`? Answer with the value only.",
                  c_value),
         Question("definition_line", f"On which line of {path} is the function `{d_name}` defined? Answer with "

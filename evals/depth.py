@@ -48,6 +48,7 @@ POLICIES = {  # the arms a run may name: the dense reference and SpecPrefill set
     "default": PrefillPolicy(),
     "lines": PrefillPolicy(selection=Selection(whole_lines=True)),
     "blocks": PrefillPolicy(selection=Selection(whole_lines=True, code_blocks=True)),
+    "skeleton": PrefillPolicy(selection=Selection(whole_lines=True, code_blocks=True, code_skeleton=True)),
 }
 ARMS = ("dense", "default")
 AGREE_TOKENS = 32

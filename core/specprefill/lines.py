@@ -7,7 +7,11 @@ line-oriented content:
 
 - **whole lines**: a line any of whose tokens is kept is kept whole;
 - **code blocks**: a kept line that opens a block (``def``, ``async def``, ``class``) keeps
-  the lines indented under it, up to ``max_block_lines``.
+  the lines indented under it, up to ``max_block_lines``;
+- **the code's skeleton**: in source code, the top-level imports, decorators and assignments
+  (constants) and every ``def`` and ``class`` line, kept whatever the scores: what a later
+  question about the file needs first (a constant's value, where a name is defined, with the
+  ``cat -n`` number in front of it), and what a kept block hangs from.
 
 Lines come from the tokens' bytes (a token that ends with or holds a newline closes its
 line); ``cat -n``'s line numbers (``   12\\t``), as ``Read`` returns files, are looked past
@@ -24,6 +28,7 @@ import numpy as np
 
 NUMBERED = re.compile(rb"^\s*\d+\t")  # cat -n / Read: the line number and a tab
 OPENS = (b"def ", b"async def ", b"class ")
+TOP_LEVEL = re.compile(rb"^(import |from |@|[A-Za-z_][A-Za-z0-9_]*\s*(:[^=]*)?=[^=])")  # imports, decorators, names
 
 
 @dataclass(slots=True, frozen=True)
@@ -31,6 +36,7 @@ class Lines:
     of_token: np.ndarray  # int64: the line each token belongs to
     indent: np.ndarray  # int64 per line: leading spaces after any line number; -1 for a blank line
     opens: np.ndarray  # bool per line: it opens a block (def, class)
+    skeleton: np.ndarray  # bool per line: a def or class line, or a top-level import, decorator or assignment
 
 
 def lines_of(pieces: Sequence[bytes]) -> Lines:
@@ -41,21 +47,28 @@ def lines_of(pieces: Sequence[bytes]) -> Lines:
     text = b"".join(pieces).split(b"\n")
     indent = np.full(len(text), -1, dtype=np.int64)
     opens = np.zeros(len(text), dtype=bool)
+    skeleton = np.zeros(len(text), dtype=bool)
     for i, raw in enumerate(text):
         line = NUMBERED.sub(b"", raw, count=1)
         body = line.lstrip(b" ")
         if body.strip():
             indent[i] = len(line) - len(body)
             opens[i] = body.startswith(OPENS)
-    return Lines(of_token, indent, opens)
+            skeleton[i] = opens[i] or (indent[i] == 0 and TOP_LEVEL.match(body) is not None)
+    return Lines(of_token, indent, opens, skeleton)
 
 
-def widen(kept: np.ndarray, lines: Lines, whole_lines: bool, blocks: bool, max_block_lines: int = 80) -> np.ndarray:
-    """``kept`` (a boolean mask over the tokens) with the lines and blocks it touches."""
-    if not (whole_lines or blocks) or not kept.any():
+def widen(kept: np.ndarray, lines: Lines, whole_lines: bool, blocks: bool, max_block_lines: int = 80,
+          skeleton: bool = False) -> np.ndarray:
+    """``kept`` (a boolean mask over the tokens) with the lines and blocks it touches, and with
+    ``skeleton`` the code's skeleton (source code only: elsewhere every line is top-level)."""
+    if not (whole_lines or blocks or skeleton) or not kept.any():
         return kept
     line_kept = np.zeros(len(lines.indent), dtype=bool)
     line_kept[np.unique(lines.of_token[kept])] = True
+    if skeleton:
+        kept = kept | lines.skeleton[lines.of_token]
+        line_kept |= lines.skeleton
     if blocks:
         line_kept |= _blocks(line_kept, lines, max_block_lines)
     widened = line_kept[lines.of_token]

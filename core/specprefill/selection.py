@@ -86,10 +86,11 @@ def forced_mask(n_tokens: int, keep_first: int, keep_last: int,
     return forced
 
 
-def select_tokens(scores: np.ndarray, params: Selection,
-                  protected: Iterable[tuple[int, int]] = (), lines: Lines | None = None) -> np.ndarray:
+def select_tokens(scores: np.ndarray, params: Selection, protected: Iterable[tuple[int, int]] = (),
+                  lines: Lines | None = None, code: bool = False) -> np.ndarray:
     """Sorted indices of the tokens to prefill into the target; with ``lines`` (the tokens'
-    lines, core.specprefill.lines) widened to whole lines and code blocks as ``params`` asks."""
+    lines, core.specprefill.lines) widened to whole lines and code blocks as ``params`` asks,
+    and for source code (``code``) to its skeleton."""
     n, chunk = scores.size, params.chunk_size
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -102,7 +103,7 @@ def select_tokens(scores: np.ndarray, params: Selection,
     chunk_mask = cap_chunks(chunk_mask, means, chunk, forced, params.max_keep)
     chosen = np.repeat(chunk_mask, chunk)[:n] | forced
     if lines is not None:
-        chosen = widen(chosen, lines, params.whole_lines, params.code_blocks)
+        chosen = widen(chosen, lines, params.whole_lines, params.code_blocks, skeleton=code and params.code_skeleton)
     return np.flatnonzero(chosen)
 
 

@@ -54,3 +54,16 @@ def test_blocks_alone_add_the_body_and_leave_the_chosen_tokens_as_they_were():
     assert "return b" in kept_text(p, out) and out[mask].all()
     assert not widen(np.zeros(len(p), dtype=bool), info, True, True).any()
     assert np.array_equal(widen(mask, info, False, False), mask)
+
+
+def test_the_skeleton_keeps_top_level_and_def_lines_whatever_their_scores():
+    lines = [f"{i:>6}\t{x}" for i, x in enumerate(SOURCE, 1)]
+    p = pieces("".join(lines))
+    info = lines_of(p)
+    mask = np.zeros(len(p), dtype=bool)
+    mask[at(p, b"return b")] = True
+    text = kept_text(p, widen(mask, info, whole_lines=True, blocks=False, skeleton=True))
+    for line in ("x = 1", "def foo(a):", "y = 2", "class K:", "def m(self):", "z = 3", "return b"):
+        assert line in text
+    assert "b = a" not in text and "pass" not in text
+    assert "1\tx = 1" in text  # with its line number
