@@ -25,7 +25,7 @@ from core.decoding import layer_map
 from core.decoding.decode import Generation, OnText, generate
 from core.decoding.guided import Guide
 from core.decoding.lookup import LookupDecoder
-from core.decoding.mode_speeds import ModeSpeeds
+from core.decoding.mode_speeds import COPY, FREE, ModeSpeeds
 from core.decoding.specattn import SparseVerify, layer_weights
 from core.decoding.speculative import SpeculativeDecoder
 from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong
@@ -57,6 +57,15 @@ from core.specprefill.scoring import importance
 from core.specprefill.selection import bridge_gaps, forced_mask, select_tokens
 from core.speculator import Speculator, rollback
 from core.steps import TurnSteps, drive
+
+
+def turn_kind(prompt: Prompt, params: TurnParams) -> str:
+    """``copy`` when the reply likely copies its context: the prompt ends with a tool result
+    (an agent that just read a file), or the reply is a forced call; else ``free``."""
+    last = prompt.spans[-1].role if prompt.spans else ""
+    constraint = params.sampling.constraint
+    return COPY if last == "tool" or (constraint is not None and constraint.kind == "tool_call") else FREE
+
 
 KIND_SAMPLE = 4096  # tokens read to tell code from logs and prose (core.specprefill.content)
 
@@ -254,7 +263,7 @@ class Engine:
         """One turn in ``slot``.  With ``kv`` (the session whose KV the slot holds) only
         the delta against the session's tokens is prefilled; without it, the slot is
         emptied first."""
-        params = self._pick_decoding(params, len(prompt))
+        params = self._pick_decoding(params, prompt)
         self.check_turn(prompt, params)
         persistent = kv is not None
         if kv is None:
@@ -271,7 +280,7 @@ class Engine:
         rollback(target, kv.target, q)
         delta = tokens[q:]
         t = Timings(position_mode=policy.position_mode, context_n=n, cache_n=q,
-                    speculator_cache_n=p)
+                    speculator_cache_n=p, turn_kind=turn_kind(prompt, params))
         params = self._ceiling(params, n, t)
         sync = self.spec.plan_sync(kv, tokens[:-1])  # decided once: the plan and the scoring agree
         decision = self.plan(prompt, policy, kv, sync=sync)
@@ -320,19 +329,23 @@ class Engine:
             return False
         return len(tokens) - 1 - common_prefix(kv.speculator.tokens, tokens) >= ahead
 
-    def _pick_decoding(self, params: TurnParams, depth: int) -> TurnParams:
-        """``decode_auto``: a turn that asks for no mode decodes in the one measured fastest at its depth."""
+    def _pick_decoding(self, params: TurnParams, prompt: Prompt) -> TurnParams:
+        """``decode_auto``: a turn that asks for no mode decodes in the one measured fastest at
+        its depth for its kind of turn (core.decoding.mode_speeds)."""
         policy = params.decoding
         if not policy.decode_auto or policy.mode is not DecodeMode.PLAIN:
             return params
-        modes = [DecodeMode.SPECULATIVE] if self.config.scorer_drafts else []
-        if modes and self.target_ctx.view_seq >= 0:
-            modes.append(DecodeMode.SPECATTN)
-        mode = self.mode_speeds.pick(depth, modes)
+        modes = [DecodeMode.LOOKUP]
+        if self.config.scorer_drafts:
+            modes.append(DecodeMode.SPECULATIVE)
+            if self.target_ctx.view_seq >= 0:
+                modes.append(DecodeMode.SPECATTN)
+        mode = self.mode_speeds.pick(len(prompt), modes, turn_kind(prompt, params))
         if mode is DecodeMode.PLAIN:
             return params
         return dataclasses.replace(params, decoding=dataclasses.replace(
-            policy, speculative=True, specattn=mode is DecodeMode.SPECATTN))
+            policy, lookup=mode is DecodeMode.LOOKUP, speculative=mode in (DecodeMode.SPECULATIVE, DecodeMode.SPECATTN),
+            specattn=mode is DecodeMode.SPECATTN))
 
     def prefill_and_decode(self, kv_all: SessionKV, delta: tuple[int, ...], kept: np.ndarray,
                            params: TurnParams, on_text: OnText | None, t: Timings,
@@ -360,7 +373,7 @@ class Engine:
         if constraint := params.sampling.constraint:
             t.constraint, t.grammar_ms, t.mask_ms = constraint.kind, gen.grammar_ms, gen.mask_ms
         kv.extend(gen.tokens[: gen.n_decoded], range(n_past, n_past + gen.n_decoded))
-        self.mode_speeds.observe(params.decoding.mode, n_past, len(gen.tokens), gen.decode_s)
+        self.mode_speeds.observe(params.decoding.mode, n_past, len(gen.tokens), gen.decode_s, t.turn_kind)
         t.decode_auto = params.decoding.decode_auto
         t.predicted_ms = gen.decode_s * 1e3
         t.predicted_n = len(gen.tokens)

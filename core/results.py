@@ -86,6 +86,7 @@ class Timings:
     prefix_spliced_n: int = 0  # of prefix_shared_n, tokens moved in from where a sibling conversation holds them
     decode_mode: str = DecodeMode.PLAIN.value
     decode_auto: bool = False  # the mode was picked by measured speed at this depth (--decode-auto)
+    turn_kind: str = "free"  # copy (after a tool result, or a forced call) or free: decode speeds are kept apart
     constraint: str = ""  # what the reply was held to (core.constraints kinds); "" when free
     grammar_ms: float = 0.0
     mask_ms: float = 0.0
@@ -123,7 +124,7 @@ class Timings:
             "prefix_built_n": self.prefix_built_n, "decode_mode": self.decode_mode, "max_tokens": self.max_tokens,
         }
         if self.decode_auto:
-            out["decode_auto"] = True
+            out.update({"decode_auto": True, "turn_kind": self.turn_kind})
         if self.prefix_source:
             out.update({"prefix_source": self.prefix_source, "prefix_ms": round(self.prefix_ms, 2),
                         "prefix_bytes": self.prefix_bytes, "prefix_spliced_n": self.prefix_spliced_n})

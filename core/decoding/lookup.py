@@ -31,6 +31,7 @@ from core.results import SpeculativeStats
 from core.steps import Tokens, TurnSteps
 
 K_MIN, K_MAX = 2, 16
+MAX_BACKOFF = 32  # plain steps between drafts at most, after misses in a row
 
 
 class Drafter:
@@ -66,10 +67,28 @@ class Drafter:
 
 @dataclass(slots=True)
 class Lookup:
-    k: int = 8  # draft length now, adapted to acceptance
+    """The draft length, adapted to acceptance, and a back-off after drafts that missed: a
+    reply that stopped copying (prose after a quoted line) decodes plainly for a while, each
+    miss in a row doubling the wait, so a free reply pays little for lookup."""
+
+    k: int = 8
+    wait: int = 0  # plain steps left before the next draft
+    backoff: int = 0  # the wait after the next miss
 
     def adapt(self, drafted: int, accepted: int) -> None:
         self.k = min(K_MAX, self.k * 2) if accepted == drafted else max(K_MIN, accepted + 1)
+        if accepted:
+            self.backoff = 0
+        else:
+            self.backoff = min(MAX_BACKOFF, max(1, 2 * self.backoff))
+            self.wait = self.backoff
+
+    def ready(self) -> bool:
+        """Whether this step may draft (one plain step of the wait passes when not)."""
+        if self.wait:
+            self.wait -= 1
+            return False
+        return True
 
 
 class LookupDecoder(Verifier):
@@ -95,7 +114,8 @@ class LookupDecoder(Verifier):
             room = self.target.n_ctx - pos - 1
             if room < 0:
                 break
-            drafts = drafter.propose(min(state.k, room, params.max_tokens - len(stream.tokens)))
+            drafts = drafter.propose(min(state.k, room, params.max_tokens - len(stream.tokens))) \
+                if state.ready() else []
             if not drafts:  # a plain step, batched with the other turns
                 reply = yield Tokens(self.target, [tok], pos)
                 pos, n_decoded = pos + 1, n_decoded + 1

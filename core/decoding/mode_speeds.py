@@ -8,6 +8,12 @@ its depth, fitted per mode as ``a + b*depth`` (the weights, and attention over t
 and ``--decode-auto`` turns take the mode the fits say is fastest at their depth.  A mode is
 picked only against a measured plain decode: an unmeasured mode is never guessed at, and with
 nothing measured the answer is plain.  Modes get measured when requests ask for them.
+
+Prompt lookup (core.decoding.lookup) pays on replies that copy their context and costs little
+elsewhere, so its speed depends on the turn more than on the depth: turns are measured apart
+by ``kind`` -- ``copy`` (the prompt ends with a tool result, or the reply is a forced call: what
+agents copy from) or ``free`` -- and a copy turn tries lookup until lookup has been measured
+for that kind (with no draft, a lookup step is a plain one).
 """
 
 from __future__ import annotations
@@ -24,30 +30,38 @@ MIN_TOKENS = 8  # a shorter reply is mostly its first step's overhead: not a mea
 SAMPLES = 32  # per mode, the most recent
 
 
+COPY, FREE = "copy", "free"  # turn kinds (see the module notes)
+
+
 @dataclass(slots=True)
 class ModeSpeeds:
-    samples: dict[DecodeMode, deque[tuple[int, float]]] = field(default_factory=dict)  # (depth, s/token)
+    samples: dict[tuple[DecodeMode, str], deque[tuple[int, float]]] = field(default_factory=dict)  # (depth, s/tok)
 
-    def observe(self, mode: DecodeMode, depth: int, n_tokens: int, seconds: float) -> None:
+    def observe(self, mode: DecodeMode, depth: int, n_tokens: int, seconds: float, kind: str = FREE) -> None:
         if n_tokens >= MIN_TOKENS and seconds > 0:
-            self.samples.setdefault(mode, deque(maxlen=SAMPLES)).append((depth, seconds / n_tokens))
+            self.samples.setdefault((mode, kind), deque(maxlen=SAMPLES)).append((depth, seconds / n_tokens))
 
-    def seconds_per_token(self, mode: DecodeMode, depth: int) -> float | None:
+    def seconds_per_token(self, mode: DecodeMode, depth: int, kind: str = FREE) -> float | None:
         """The fit's seconds per token at ``depth`` (None: the mode was never measured)."""
-        got = self.samples.get(mode)
+        got = self.samples.get((mode, kind))
         if not got:
             return None
         a, b = fit(np.array(got, dtype=np.float64))
         return a + b * depth
 
-    def pick(self, depth: int, modes: Iterable[DecodeMode]) -> DecodeMode:
-        """The fastest of ``modes`` at ``depth`` by measurement; plain unless one measured faster."""
-        plain = self.seconds_per_token(DecodeMode.PLAIN, depth)
+    def pick(self, depth: int, modes: Iterable[DecodeMode], kind: str = FREE) -> DecodeMode:
+        """The fastest of ``modes`` at ``depth`` by measurement, for turns of ``kind``; plain
+        unless one measured faster -- except that a copy turn tries lookup, if offered, until
+        lookup has been measured on copy turns."""
+        modes = list(modes)
+        plain = self.seconds_per_token(DecodeMode.PLAIN, depth, kind)
+        if kind == COPY and DecodeMode.LOOKUP in modes and (DecodeMode.LOOKUP, kind) not in self.samples:
+            return DecodeMode.LOOKUP
         best, best_s = DecodeMode.PLAIN, plain
         if plain is None:
             return best
         for mode in modes:
-            s = self.seconds_per_token(mode, depth)
+            s = self.seconds_per_token(mode, depth, kind)
             if s is not None and best_s is not None and s < best_s:
                 best, best_s = mode, s
         return best

@@ -35,3 +35,17 @@ def test_k_doubles_after_a_full_accept_and_falls_after_a_miss():
     assert state.k == 4
     state.adapt(4, 0)
     assert state.k == K_MIN
+
+
+def test_misses_in_a_row_back_off_and_a_hit_ends_the_back_off():
+    state = Lookup()
+    state.adapt(8, 0)
+    assert [state.ready() for _ in range(2)] == [False, True]  # one plain step, then a draft
+    state.adapt(2, 0)
+    assert [state.ready() for _ in range(3)] == [False, False, True]
+    state.adapt(2, 0)
+    state.adapt(2, 0)
+    assert state.backoff == 8  # 1, 2, 4, 8 after four misses in a row
+    state.wait = 0
+    state.adapt(4, 2)
+    assert state.backoff == 0 and state.ready()

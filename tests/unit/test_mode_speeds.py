@@ -40,3 +40,18 @@ def test_short_replies_are_not_measurements():
     s.observe(PLAIN, 8_000, MIN_TOKENS - 1, 0.1)
     s.observe(PLAIN, 8_000, 10, 0.0)
     assert s.seconds_per_token(PLAIN, 8_000) is None
+
+
+def test_a_copy_turn_tries_lookup_until_measured_and_free_turns_stay_plain():
+    from core.decoding.mode_speeds import COPY, FREE
+
+    LOOKUP = DecodeMode.LOOKUP
+    s = ModeSpeeds()
+    assert s.pick(8_000, [LOOKUP], COPY) is LOOKUP  # never measured on copy turns: tried
+    assert s.pick(8_000, [LOOKUP], FREE) is PLAIN
+    assert s.pick(8_000, [SPEC], COPY) is PLAIN  # lookup not offered
+    s.observe(LOOKUP, 8_000, 64, 64 / 30.0, COPY)  # copying at 30 tok/s
+    s.observe(PLAIN, 8_000, 64, 64 / 10.0, COPY)
+    s.observe(LOOKUP, 8_000, 64, 64 / 9.0, FREE)  # prose: a little slower than plain
+    s.observe(PLAIN, 8_000, 64, 64 / 10.0, FREE)
+    assert s.pick(8_000, [LOOKUP, SPEC], COPY) is LOOKUP and s.pick(8_000, [LOOKUP, SPEC], FREE) is PLAIN
