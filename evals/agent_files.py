@@ -102,18 +102,24 @@ def python_module(rng: random.Random, path: str, target_chars: int = 9000) -> To
         lines += fn
         lines.append("")
     numbered = "\n".join(f"{i:>6}\t{line}" for i, line in enumerate(lines, 1))
-    fn_name, first, last = rng.choice(functions[1:-1] if len(functions) > 2 else functions)
-    source = "\n".join(lines[first - 1:last])
-    c_name, c_value, _ = rng.choice(constants)
-    d_name, d_line, _ = rng.choice(functions)
+    sources = rng.sample(functions[1:-1] if len(functions) > 3 else functions, min(2, len(functions)))
+    picked_constants = rng.sample(constants, 2)
+    defined = rng.sample(functions, min(2, len(functions)))
+
+    def source_of(fn: tuple[str, int, int], first: bool) -> Question:
+        name, start, end = fn
+        ask = f"Read {path}. Then reply" if first else "Now reply"
+        return Question("function_source", f"{ask} with only the complete source code of the function `{name}` "
+                        f"in {path}, copied verbatim from the file (without the line numbers), in a ```python code "
+                        "block.", "\n".join(lines[start - 1:end]))
+
     questions = (
-        Question("function_source", f"Read {path}. Then reply with only the complete source code of the "
-                 f"function `{fn_name}`, copied verbatim from the file (without the line numbers), in a ```python "
-                 "code block.", source),
-        Question("constant_value", f"In {path}, what is the value of `{c_name}`? Answer with the value only.",
-                 c_value),
-        Question("definition_line", f"On which line of {path} is the function `{d_name}` defined? Answer with "
-                 "the line number only.", str(d_line)),
+        source_of(sources[0], True),
+        *(Question("constant_value", f"In {path}, what is the value of `{name}`? Answer with the value only.", value)
+          for name, value, _ in picked_constants),
+        *(Question("definition_line", f"On which line of {path} is the function `{name}` defined? Answer with "
+                   "the line number only.", str(line)) for name, line, _ in defined),
+        *(source_of(fn, False) for fn in sources[1:]),
     )
     return ToolResult("Read", {"file_path": path}, numbered, questions)
 

@@ -116,7 +116,8 @@ class Conversation:
         msgs = self.messages(q, result)
         prompt = self.engine.chat.render_chat(msgs, self.tools)
         sampling = SamplingParams(max_tokens=max_tokens(q, self.engine), temperature=0.0)
-        out: dict[str, Any] = {"kind": q.kind, "depth": len(prompt), "follow_up": result is None}
+        out: dict[str, Any] = {"kind": q.kind, "depth": len(prompt), "follow_up": result is None, "ask": q.ask,
+                               "answer": q.answer}
         replies: dict[str, list[int]] = {}
         for arm in self.arms:  # dense first: the others are compared with it
             params = TurnParams(prefill=POLICIES[arm], sampling=sampling)
