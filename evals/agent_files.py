@@ -117,8 +117,9 @@ def python_module(rng: random.Random, path: str, target_chars: int = 9000) -> To
         source_of(sources[0], True),
         *(Question("constant_value", f"In {path}, what is the value of `{name}`? Answer with the value only.", value)
           for name, value, _ in picked_constants),
-        *(Question("definition_line", f"On which line of {path} is the function `{name}` defined? Answer with "
-                   "the line number only.", str(line)) for name, line, _ in defined),
+        *(Question("definition_line", f"Quote the line of {path} where the function `{name}` is defined, exactly "
+                   "as the Read output shows it, with its line number in front.", str(line))
+          for name, line, _ in defined),
         *(source_of(fn, False) for fn in sources[1:]),
     )
     return ToolResult("Read", {"file_path": path}, numbered, questions)
@@ -154,7 +155,8 @@ def pytest_report(rng: random.Random, target_chars: int = 8000) -> ToolResult:
     questions = (
         Question("failing_test", "Run the tests and tell me the name of the test function that failed. Answer "
                  "with the name only.", failing),
-        Question("error_message", "What is the exact assertion message of that failure? Quote it.", message),
+        Question("error_message", "What is the exact error message of that failure, the text after "
+                 "`AssertionError:`? Quote it.", message),
     )
     return ToolResult("Bash", {"command": "python -m pytest -v", "description": "Run the test suite"},
                       "\n".join(out), questions)
@@ -177,8 +179,8 @@ def grep_output(rng: random.Random, target_chars: int = 8000) -> ToolResult:
         path, line_no, text = out[len(out) // 2].split(":", 2)
         wanted = (path, text[4:text.index("(")], int(line_no))
     path, name, line = wanted
-    questions = (Question("definition_line", f"Find where `{name}` is defined and tell me its line number in "
-                          f"{path}. Answer with the number only.", str(line)),)
+    questions = (Question("definition_line", f"Find where `{name}` is defined: quote its line of the grep output "
+                          "exactly, with the path and line number.", str(line)),)
     return ToolResult("Grep", {"pattern": "def ", "path": "src", "output_mode": "content", "-n": "true"},
                       "\n".join(out), questions)
 
@@ -225,9 +227,10 @@ def correct(question: Question, reply: str) -> bool:
     aside; a line number as the reply's first number; other values verbatim (quotes aside)."""
     if question.kind == "function_source":
         return _lines(question.answer) in _lines(reply)
-    if question.kind == "definition_line":
-        first = re.search(r"\d+", reply)
-        return first is not None and first.group() == question.answer
+    if question.kind == "definition_line":  # the quoted line: its number, and the definition on it
+        name = re.search(r"`(\w+)`", question.ask)
+        line = next((x for x in reply.splitlines() if name and f"def {name.group(1)}(" in x), "")
+        return re.search(rf"(^|\D){question.answer}(\D|$)", line) is not None
     return question.answer.strip('"') in reply
 
 

@@ -66,11 +66,11 @@ def widen(kept: np.ndarray, lines: Lines, whole_lines: bool, blocks: bool, max_b
         return kept
     line_kept = np.zeros(len(lines.indent), dtype=bool)
     line_kept[np.unique(lines.of_token[kept])] = True
+    if blocks:  # the blocks the scores chose: the skeleton's def lines open none
+        line_kept |= _blocks(line_kept, lines, max_block_lines)
     if skeleton:
         kept = kept | lines.skeleton[lines.of_token]
         line_kept |= lines.skeleton
-    if blocks:
-        line_kept |= _blocks(line_kept, lines, max_block_lines)
     widened = line_kept[lines.of_token]
     return widened if whole_lines else kept | (widened & ~_touched(kept, lines))
 

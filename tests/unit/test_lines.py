@@ -67,3 +67,12 @@ def test_the_skeleton_keeps_top_level_and_def_lines_whatever_their_scores():
         assert line in text
     assert "b = a" not in text and "pass" not in text
     assert "1\tx = 1" in text  # with its line number
+
+
+def test_the_skeletons_def_lines_open_no_block():
+    p = pieces("".join(SOURCE))
+    info = lines_of(p)
+    mask = np.zeros(len(p), dtype=bool)
+    mask[at(p, b"x = 1")] = True
+    text = kept_text(p, widen(mask, info, whole_lines=True, blocks=True, skeleton=True))
+    assert "def foo(a):" in text and "return b" not in text and "pass" not in text
