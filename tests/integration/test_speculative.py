@@ -276,7 +276,7 @@ def test_decode_auto_takes_the_mode_measured_faster_at_the_depth(smol_pair_engin
         first = run(smol_pair_engine, STORY, auto, greedy)
         assert first.timings.decode_mode == "plain" and first.timings.decode_auto
         assert first.timings.to_json()["decode_auto"] is True
-        [(depth, _)] = smol_pair_engine.mode_speeds.samples[DecodeMode.PLAIN]  # that plain decode, measured
+        [(depth, _)] = smol_pair_engine.mode_speeds.samples[(DecodeMode.PLAIN, "free")]  # that decode, measured
         assert depth == first.timings.context_n
         smol_pair_engine.mode_speeds.observe(DecodeMode.SPECULATIVE, depth, 64, 1e-3)  # as if speculating were fast
         second = run(smol_pair_engine, STORY, auto, greedy)
