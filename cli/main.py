@@ -27,8 +27,11 @@ HELP = {
     "whole_lines": "a kept token keeps its whole line (line-oriented tool results: files, logs, grep output)",
     "code_blocks": "a kept def or class line keeps the block indented under it (a function's source is copied "
                    "whole by agents)",
-    "code_skeleton": "in source code, keep every top-level line (imports, constants, def and class lines) and "
-                     "every def line, whatever their scores",
+    "code_skeleton": "in source code, keep every top-level import, decorator and assignment and every def and "
+                     "class line, whatever their scores",
+    "scorer_ahead_tokens": "a turn that prefills this many tokens densely while its scorer lags as many prefills "
+                           "the scorer too, through the scoring window, so the tool turns after it score only their "
+                           "own tokens (0 = off: idle time catches the scorer up)",
     "position_mode": "original (bridge) | compact",
     "min_tokens": "prompts shorter than this skip scoring",
     "break_even": "skip when scoring would cost more than it saves",
