@@ -18,77 +18,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from core.decoding.decode import Generation, OnText, TextStream
+from core.decoding.drafts import Drafter, Lookup
 from core.decoding.guided import Guide
 from core.decoding.verify import Verifier
 from core.llama.context import Seq
 from core.policies import SamplingParams
 from core.results import SpeculativeStats
 from core.steps import Tokens, TurnSteps
-
-K_MIN, K_MAX = 2, 16
-MAX_BACKOFF = 32  # plain steps between drafts at most, after misses in a row
-
-
-class Drafter:
-    """The tokens so far, and drafts looked up in them (pure numpy)."""
-
-    def __init__(self, context: Sequence[int], max_ngram: int = 4, min_ngram: int = 2) -> None:
-        self._buf = np.zeros(max(1024, 2 * len(context)), dtype=np.int64)
-        self._n = 0
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.extend(context)
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        if self._n + len(tokens) > len(self._buf):
-            self._buf = np.concatenate([self._buf, np.zeros(len(self._buf) + len(tokens), dtype=np.int64)])
-        self._buf[self._n:self._n + len(tokens)] = tokens
-        self._n += len(tokens)
-
-    def propose(self, k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest
-        suffix found (``max_ngram`` down to ``min_ngram`` tokens); [] when none is."""
-        t, n = self._buf, self._n
-        for size in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
-            starts = n - size  # the suffix starts here; an earlier occurrence starts before it
-            hit = t[:starts] == t[starts]
-            for j in range(1, size):
-                hit &= t[j:starts + j] == t[starts + j]
-            found = np.flatnonzero(hit)
-            if found.size:
-                at = int(found[-1]) + size
-                return t[at: min(at + k, n)].tolist()
-        return []
-
-
-@dataclass(slots=True)
-class Lookup:
-    """The draft length, adapted to acceptance, and a back-off after drafts that missed: a
-    reply that stopped copying (prose after a quoted line) decodes plainly for a while, each
-    miss in a row doubling the wait, so a free reply pays little for lookup."""
-
-    k: int = 8
-    wait: int = 0  # plain steps left before the next draft
-    backoff: int = 0  # the wait after the next miss
-
-    def adapt(self, drafted: int, accepted: int) -> None:
-        self.k = min(K_MAX, self.k * 2) if accepted == drafted else max(K_MIN, accepted + 1)
-        if accepted:
-            self.backoff = 0
-        else:
-            self.backoff = min(MAX_BACKOFF, max(1, 2 * self.backoff))
-            self.wait = self.backoff
-
-    def ready(self) -> bool:
-        """Whether this step may draft (one plain step of the wait passes when not)."""
-        if self.wait:
-            self.wait -= 1
-            return False
-        return True
 
 
 class LookupDecoder(Verifier):

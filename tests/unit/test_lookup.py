@@ -3,7 +3,7 @@ earlier, its most recent occurrence, what followed it, and k adapting to accepta
 
 from __future__ import annotations
 
-from core.decoding.lookup import K_MAX, K_MIN, Drafter, Lookup
+from core.decoding.drafts import K_MAX, K_MIN, Drafter, Lookup
 
 
 def test_the_longest_suffix_found_earlier_gives_what_followed_its_latest_occurrence():
