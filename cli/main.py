@@ -29,6 +29,8 @@ HELP = {
                    "whole by agents)",
     "code_skeleton": "in source code, keep every top-level import, decorator and assignment and every def and "
                      "class line, whatever their scores",
+    "named_lines": "keep every line that holds a name the request names (its last user message and the tool "
+                   "calls after it: snake_case, CONSTANTS, camelCase, `quoted`), and the block a named def opens",
     "scorer_ahead_tokens": "a turn that prefills this many tokens densely while its scorer lags as many prefills "
                            "the scorer too, through the scoring window, so the tool turns after it score only their "
                            "own tokens (0 = off: idle time catches the scorer up)",

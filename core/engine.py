@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -51,7 +52,7 @@ from core.specprefill import guard as tool_guard
 from core.specprefill import planner
 from core.specprefill.content import ContentKind, content_kind
 from core.specprefill.cost_model import Costs, Work
-from core.specprefill.lines import lines_of
+from core.specprefill.lines import lines_of, names_in
 from core.specprefill.prefill import sparse_prefill
 from core.specprefill.scoring import importance
 from core.specprefill.selection import bridge_gaps, forced_mask, select_tokens
@@ -67,6 +68,7 @@ def turn_kind(prompt: Prompt, params: TurnParams) -> str:
     return COPY if last == "tool" or (constraint is not None and constraint.kind == "tool_call") else FREE
 
 
+NOT_NAMES = re.compile(r'<\|[^|]*\|>|"[A-Za-z_]\w*"\s*:')  # special tokens, JSON keys
 KIND_SAMPLE = 4096  # tokens read to tell code from logs and prose (core.specprefill.content)
 
 
@@ -241,6 +243,16 @@ class Engine:
             free = free[np.linspace(0, free.size - 1, KIND_SAMPLE).astype(np.int64)]
         return content_kind(self.target.detokenize([delta[int(i)] for i in free]))
 
+    def _request_names(self, prompt: Prompt) -> frozenset[bytes]:
+        """The names the turn's request holds: its last user message and the tool calls after
+        it (the template's special tokens and JSON keys are not names)."""
+        users = [i for i, s in enumerate(prompt.spans) if s.role == "user"]
+        if not users:
+            return frozenset()
+        spans = [s for s in prompt.spans[users[-1]:] if s.role == "user" or s.tool_calls]
+        text = " ".join(self.target.detokenize(prompt.tokens[s.start:s.end]) for s in spans)
+        return names_in(NOT_NAMES.sub(" ", text))
+
     def score(self, kv: SessionKV, tokens: tuple[int, ...], policy: PrefillPolicy, t: Timings,
               slot: int = 0, sync: SpeculatorSync | None = None) -> TurnSteps[np.ndarray]:
         """Per-token importance over all of ``tokens`` (see :meth:`Speculator.capture_steps`)."""
@@ -291,8 +303,9 @@ class Engine:
             scores = (yield from self.score(kv, tokens, policy, t, slot, sync))[q:]
             protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
             sel = policy.selection
-            widened = sel.whole_lines or sel.code_blocks or sel.code_skeleton
-            lines = lines_of([self.target.token_bytes(x) for x in delta]) if widened else None
+            widened = sel.whole_lines or sel.code_blocks or sel.code_skeleton or sel.named_lines
+            names = self._request_names(prompt) if sel.named_lines else frozenset()
+            lines = lines_of([self.target.token_bytes(x) for x in delta], names) if widened else None
             kept = select_tokens(scores, sel, protected, lines, decision.kind is ContentKind.CODE)
             if policy.position_mode == "original" and policy.bridge:
                 kept = bridge_gaps(kept, self.costs.target.bridge_tokens(len(kv.target.tokens)))

@@ -87,6 +87,7 @@ class Selection:
     whole_lines: bool = per_request(False)
     code_blocks: bool = per_request(False)
     code_skeleton: bool = per_request(False)  # source code: top-level and def lines kept whatever their scores
+    named_lines: bool = per_request(False)  # lines naming what the request names, and named defs' blocks
 
     def __post_init__(self) -> None:
         _require(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")

@@ -49,6 +49,8 @@ POLICIES = {  # the arms a run may name: the dense reference and SpecPrefill set
     "lines": PrefillPolicy(selection=Selection(whole_lines=True)),
     "blocks": PrefillPolicy(selection=Selection(whole_lines=True, code_blocks=True)),
     "skeleton": PrefillPolicy(selection=Selection(whole_lines=True, code_blocks=True, code_skeleton=True)),
+    "named": PrefillPolicy(selection=Selection(whole_lines=True, named_lines=True)),
+    "copy": PrefillPolicy(selection=Selection(whole_lines=True, code_skeleton=True, named_lines=True)),
 }
 ARMS = ("dense", "default")
 AGREE_TOKENS = 32

@@ -11,7 +11,12 @@ line-oriented content:
 - **the code's skeleton**: in source code, the top-level imports, decorators and assignments
   (constants) and every ``def`` and ``class`` line, kept whatever the scores: what a later
   question about the file needs first (a constant's value, where a name is defined, with the
-  ``cat -n`` number in front of it), and what a kept block hangs from.
+  ``cat -n`` number in front of it), and what a kept block hangs from;
+- **named lines**: a line that holds an identifier the turn's request names (the last user
+  message and the tool calls after it: ``parse_header``, ``MAX_RETRIES``, a name in
+  backticks) is kept whatever its scores, and a named ``def`` or ``class`` keeps its block:
+  the speculator's lookahead sees the end of the prompt, often far from the question, and the
+  lines a request names are the ones its answer copies.
 
 Lines come from the tokens' bytes (a token that ends with or holds a newline closes its
 line); ``cat -n``'s line numbers (``   12\\t``), as ``Read`` returns files, are looked past
@@ -29,6 +34,8 @@ import numpy as np
 NUMBERED = re.compile(rb"^\s*\d+\t")  # cat -n / Read: the line number and a tab
 OPENS = (b"def ", b"async def ", b"class ")
 TOP_LEVEL = re.compile(rb"^(import |from |@|[A-Za-z_][A-Za-z0-9_]*\s*(:[^=]*)?=[^=])")  # imports, decorators, names
+WORD = re.compile(r"`([^`\s]{2,64})`|([A-Za-z_][A-Za-z0-9_]{2,63})")
+MAX_NAMES = 32
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,10 +44,24 @@ class Lines:
     indent: np.ndarray  # int64 per line: leading spaces after any line number; -1 for a blank line
     opens: np.ndarray  # bool per line: it opens a block (def, class)
     skeleton: np.ndarray  # bool per line: a def or class line, or a top-level import, decorator or assignment
+    named: np.ndarray  # bool per line: it holds one of the names looked for
 
 
-def lines_of(pieces: Sequence[bytes]) -> Lines:
-    """The lines of a token sequence whose pieces (the tokens' bytes) are ``pieces``."""
+def names_in(text: str) -> frozenset[bytes]:
+    """The identifiers a request names: words in backticks, and words shaped like code
+    (``snake_case``, ``CONSTANT_CASE``, ``camelCase``, with a digit); plain English words are
+    not names, so "the function" keeps no line that says "function"."""
+    found: list[bytes] = []
+    for quoted, word in WORD.findall(text):
+        name = quoted or word
+        if quoted or "_" in name.strip("_") or any(c.isdigit() for c in name) or any(c.isupper() for c in name[1:]):
+            found.append(name.encode())
+    return frozenset(list(dict.fromkeys(found))[:MAX_NAMES])
+
+
+def lines_of(pieces: Sequence[bytes], names: frozenset[bytes] = frozenset()) -> Lines:
+    """The lines of a token sequence whose pieces (the tokens' bytes) are ``pieces``, and
+    which of them hold one of ``names`` as a whole word."""
     newlines = np.fromiter((p.count(b"\n") for p in pieces), dtype=np.int64, count=len(pieces))
     ends = np.cumsum(newlines)
     of_token = ends - newlines  # a token belongs to the line it starts in
@@ -48,6 +69,8 @@ def lines_of(pieces: Sequence[bytes]) -> Lines:
     indent = np.full(len(text), -1, dtype=np.int64)
     opens = np.zeros(len(text), dtype=bool)
     skeleton = np.zeros(len(text), dtype=bool)
+    named = np.zeros(len(text), dtype=bool)
+    pattern = _word_pattern(names)
     for i, raw in enumerate(text):
         line = NUMBERED.sub(b"", raw, count=1)
         body = line.lstrip(b" ")
@@ -55,19 +78,33 @@ def lines_of(pieces: Sequence[bytes]) -> Lines:
             indent[i] = len(line) - len(body)
             opens[i] = body.startswith(OPENS)
             skeleton[i] = opens[i] or (indent[i] == 0 and TOP_LEVEL.match(body) is not None)
-    return Lines(of_token, indent, opens, skeleton)
+            named[i] = pattern is not None and pattern.search(body) is not None
+    return Lines(of_token, indent, opens, skeleton, named)
+
+
+def _word_pattern(names: frozenset[bytes]) -> re.Pattern[bytes] | None:
+    if not names:
+        return None
+    alternatives = b"|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return re.compile(rb"(?<![A-Za-z0-9_])(?:" + alternatives + rb")(?![A-Za-z0-9_])")
 
 
 def widen(kept: np.ndarray, lines: Lines, whole_lines: bool, blocks: bool, max_block_lines: int = 80,
-          skeleton: bool = False) -> np.ndarray:
-    """``kept`` (a boolean mask over the tokens) with the lines and blocks it touches, and with
-    ``skeleton`` the code's skeleton (source code only: elsewhere every line is top-level)."""
-    if not (whole_lines or blocks or skeleton) or not kept.any():
+          skeleton: bool = False, named: bool = False) -> np.ndarray:
+    """``kept`` (a boolean mask over the tokens) with the lines and blocks it touches, with
+    ``skeleton`` the code's skeleton (source code only: elsewhere every line is top-level),
+    and with ``named`` the named lines and the blocks a named line opens."""
+    named = named and bool(lines.named.any())
+    if not (whole_lines or blocks or skeleton or named) or not kept.any():
         return kept
     line_kept = np.zeros(len(lines.indent), dtype=bool)
     line_kept[np.unique(lines.of_token[kept])] = True
     if blocks:  # the blocks the scores chose: the skeleton's def lines open none
         line_kept |= _blocks(line_kept, lines, max_block_lines)
+    if named:
+        named_lines = lines.named | _blocks(lines.named, lines, max_block_lines)
+        line_kept |= named_lines
+        kept = kept | named_lines[lines.of_token]  # whole, even where lines are not widened
     if skeleton:
         kept = kept | lines.skeleton[lines.of_token]
         line_kept |= lines.skeleton

@@ -103,7 +103,8 @@ def select_tokens(scores: np.ndarray, params: Selection, protected: Iterable[tup
     chunk_mask = cap_chunks(chunk_mask, means, chunk, forced, params.max_keep)
     chosen = np.repeat(chunk_mask, chunk)[:n] | forced
     if lines is not None:
-        chosen = widen(chosen, lines, params.whole_lines, params.code_blocks, skeleton=code and params.code_skeleton)
+        chosen = widen(chosen, lines, params.whole_lines, params.code_blocks, skeleton=code and params.code_skeleton,
+                       named=params.named_lines)
     return np.flatnonzero(chosen)
 
 

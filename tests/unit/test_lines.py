@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.specprefill.lines import lines_of, widen
+from core.specprefill.lines import lines_of, names_in, widen
 
 SOURCE = ["x = 1\n", "def foo(a):\n", "    b = a\n", "\n", "    return b\n", "y = 2\n", "class K:\n",
           "    def m(self):\n", "        pass\n", "z = 3\n"]
@@ -76,3 +76,27 @@ def test_the_skeletons_def_lines_open_no_block():
     mask[at(p, b"x = 1")] = True
     text = kept_text(p, widen(mask, info, whole_lines=True, blocks=True, skeleton=True))
     assert "def foo(a):" in text and "return b" not in text and "pass" not in text
+
+
+def test_a_request_names_code_shaped_words_and_quoted_ones_not_english():
+    names = names_in("Read src/pkg/mod_3.py. Then reply with the source of `parse` and the value of "
+                     "MAX_RETRIES, and where retryCount is set; the function and the file")
+    assert names == {b"mod_3", b"parse", b"MAX_RETRIES", b"retryCount"}
+    assert names_in("the function and the file, please") == frozenset()
+    assert len(names_in(" ".join(f"name_{i}" for i in range(100)))) == 32
+
+
+def test_named_lines_are_kept_whatever_their_scores_and_a_named_def_keeps_its_body():
+    lines = [f"{i:>6}\t{x}" for i, x in enumerate(SOURCE, 1)]
+    p = pieces("".join(lines))
+    mask = np.zeros(len(p), dtype=bool)
+    mask[at(p, b"z = 3")] = True
+    text = kept_text(p, widen(mask, lines_of(p, frozenset({b"foo", b"y"})), whole_lines=False, blocks=False,
+                              named=True))
+    for line in ("2\tdef foo(a):", "b = a", "return b", "6\ty = 2"):
+        assert line in text
+    assert "x = 1" not in text and "class K" not in text and "pass" not in text
+    unnamed = widen(mask, lines_of(p, frozenset({b"fo"})), whole_lines=False, blocks=False, named=True)
+    assert np.array_equal(unnamed, mask)  # a name matches whole words only
+    off = widen(mask, lines_of(p, frozenset({b"foo"})), whole_lines=False, blocks=False, named=False)
+    assert np.array_equal(off, mask)
