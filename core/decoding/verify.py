@@ -47,15 +47,18 @@ class Verifier:
         """Accept a prefix of ``drafts`` from the target's last batch (``n_rows`` rows, row i
         after drafts[:i]); ``q_rows``: the draft's distributions (sampling only).  Returns
         (drafts accepted, the target's next token), the matcher walked over both."""
-        rows = [self.target.logits_at(i) for i in range(n_rows)]
-        for i, row in enumerate(rows):  # row i in the grammar's state after drafts[:i]
-            self._masked(row)
-            if i < len(drafts):
-                self._accepted(drafts[i])
+        rows, walked = [], 0
+        for i in range(n_rows):  # row i in the grammar's state after drafts[:i]
+            rows.append(self._masked(self.target.logits_at(i)))
+            if i == len(drafts) or np.isneginf(rows[i][drafts[i]]):
+                break  # a draft the grammar forbids is never accepted: feeding it would break the matcher
+            self._accepted(drafts[i])
+            walked += 1
+        considered = drafts[:walked + 1]  # with the forbidden one: p = 0 rejects it, as the rule would
         if params.temperature <= 0.0:
-            k, nxt = accept_greedy(rows, drafts)
+            k, nxt = accept_greedy(rows, considered)
         else:
-            k, nxt = accept_stochastic([distribution(r, params) for r in rows], q_rows, drafts, rng)
-        self._rollback(drafts[k:])
+            k, nxt = accept_stochastic([distribution(r, params) for r in rows], q_rows, considered, rng)
+        self._rollback(drafts[k:walked])
         self._accepted(nxt)
         return k, nxt

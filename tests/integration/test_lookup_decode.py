@@ -66,3 +66,25 @@ def test_sampled_replies_run_and_nothing_to_copy_decodes_as_plain(smol_engine):
     free = chat.render([{"role": "user", "content": "Write one sentence about rivers."}])
     plain, looked = run(smol_engine, free), run(smol_engine, free, lookup=True)
     assert looked.tokens == plain.tokens
+
+
+def test_drafts_the_grammar_forbids_are_rejected_and_the_call_goes_on(smol_engine):
+    """An earlier call in the context drafts another tool's name and keys: those drafts are
+    forbidden by the forced call's grammar and must neither be accepted nor end the reply
+    (feeding a forbidden token to the matcher broke it: a 7-token Edit in bench decode_copy)."""
+    tools = [{"type": "function", "function": {"name": "copy", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}]
+    earlier = '<tool_call>\n{"name": "Edit", "arguments": {"old": "def step_0(x):"}}\n</tool_call>'
+    chat = ChatTemplate(smol_engine.target)
+    prompt = chat.render([{"role": "system", "content": "You copy code exactly."},
+                          {"role": "user", "content": f"Here is a file:\n{SOURCE}\nEdit it."},
+                          {"role": "assistant", "content": earlier},
+                          {"role": "user", "content": "Now call copy with the file's first function."}])
+    sampling = SamplingParams(max_tokens=60, constraint=tool_call(tools, "copy", False, SYNTAXES["qwen"]))
+    outs = []
+    for extra in ({}, {"lookup": True}):
+        smol_engine.slot_kv.load(None)
+        outs.append(smol_engine.run(prompt, with_sampling(policy(enabled=False, **extra), sampling), kv=SessionKV()))
+    assert outs[0].text.startswith('<tool_call>\n{"name": "copy"') and len(outs[0].tokens) > 12
+    assert outs[1].timings.speculative.n_drafted > 0
+    assert outs[1].tokens == outs[0].tokens
