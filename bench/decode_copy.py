@@ -7,7 +7,8 @@ replies at that depth, each decoded in every arm from the same prefilled context
 
 - ``edit``: an ``Edit`` call forced by ``tool_choice`` (under its grammar) whose ``old_string``
   is a function from the file read last;
-- ``rewrite``: the file read last, written out again with one constant changed;
+- ``rewrite``: a function of the file read last, written out again with a docstring added
+  (a ``Write`` of a file that is mostly the old one, in a size the 1.5B still copies);
 - ``explain``: what the module does, in prose (free);
 - ``plan``: a numbered plan (free).
 
@@ -62,13 +63,12 @@ def context(engine: Any, depth: int, seed: int) -> tuple[list[dict[str, Any]], A
 def asks(last: Any) -> dict[str, tuple[str, bool]]:
     """Each reply's user message, and whether it is a forced Edit call."""
     fn = last.questions[0].answer.split("(")[0].removeprefix("def ")
-    const = last.questions[1].ask.split("`")[1]
     path = last.arguments["file_path"]
     return {
         "edit": (f"In {path}, rename the function `{fn}` to `{fn}_v2`. Call Edit with old_string set to the "
                  f"function's whole current source, copied exactly, and new_string the renamed source.", True),
-        "rewrite": (f"Write out {path} again in full, exactly as it is, except that `{const}` becomes 42. Put the "
-                    "whole file in one code block, without line numbers.", False),
+        "rewrite": (f"Rewrite the function `{fn}` from {path} with a one-line docstring added under its def line. "
+                    "Reply with the whole function in one python code block, without line numbers.", False),
         "explain": ("Explain in one paragraph, in your own words, what kind of code these modules hold and how "
                     "they could be tested.", False),
         "plan": ("Write a numbered plan of five steps to add logging to these modules. Be brief.", False),

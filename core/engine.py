@@ -24,6 +24,7 @@ from core.chat import ChatTemplate
 from core.config import EngineConfig, check_kv_type
 from core.decoding import layer_map
 from core.decoding.decode import Generation, OnText, generate
+from core.decoding.drafts import copy_views
 from core.decoding.guided import Guide
 from core.decoding.lookup import LookupDecoder
 from core.decoding.mode_speeds import COPY, FREE, ModeSpeeds
@@ -320,7 +321,8 @@ class Engine:
             yield from self.spec.sync(self.speculator_ctx.seq(slot), kv.speculator, tokens[:-1], t)
             t.scoring_ms = (time.perf_counter() - t0) * 1e3
         t.prompt_n, t.kept_runs = int(kept.size), len(runs(kept))
-        gen = yield from self.prefill_and_decode(kv, delta, kept, params, on_text, t, tokens, slot)
+        views = self._copy_views(prompt) if params.decoding.mode is DecodeMode.LOOKUP else ()
+        gen = yield from self.prefill_and_decode(kv, delta, kept, params, on_text, t, tokens, slot, views)
         t.ttft_ms = t.scoring_ms + t.prompt_ms + gen.first_token_s * 1e3
         if persistent:
             # the speculator catches up on what it lacks (a skipped turn, the reply) only when a
@@ -362,7 +364,8 @@ class Engine:
 
     def prefill_and_decode(self, kv_all: SessionKV, delta: tuple[int, ...], kept: np.ndarray,
                            params: TurnParams, on_text: OnText | None, t: Timings,
-                           prompt: tuple[int, ...], slot: int = 0) -> TurnSteps[Generation]:
+                           prompt: tuple[int, ...], slot: int = 0,
+                           views: tuple[int, ...] = ()) -> TurnSteps[Generation]:
         seq, kv, mode = self.target_ctx.seq(slot), kv_all.target, params.prefill.position_mode
         # original mode keeps logical positions (bridging any gap); compact packs after the cache
         base = len(kv.tokens) if mode == "original" else kv.next_pos
@@ -380,7 +383,7 @@ class Engine:
         if params.decoding.mode is DecodeMode.PLAIN:
             gen = yield from generate(seq, n_past, params.sampling, on_text, idx)
         elif params.decoding.mode is DecodeMode.LOOKUP:
-            gen = yield from self.look_up(seq, kv.tokens, n_past, params.sampling, on_text, t, idx)
+            gen = yield from self.look_up(seq, [*kv.tokens, *views], n_past, params.sampling, on_text, t, idx)
         else:  # a constrained reply too: its drafts are sampled and verified under the grammar's mask
             gen = yield from self.speculate(kv_all, prompt, params.decoding, params.sampling, on_text, t, slot, idx)
         if constraint := params.sampling.constraint:
@@ -392,10 +395,18 @@ class Engine:
         t.predicted_n = len(gen.tokens)
         return gen
 
+    def _copy_views(self, prompt: Prompt) -> tuple[int, ...]:
+        """The prompt's last tool results as a reply copies them (core.decoding.drafts.copy_views:
+        a file read without its line numbers, and as a JSON string), tokenized for lookup."""
+        results = [self.target.detokenize(prompt.tokens[s.start:s.end]) for s in prompt.spans[-8:] if s.role == "tool"]
+        return tuple(tok for view in copy_views(results)
+                     for tok in self.target.tokenize(view, add_special=False, parse_special=False))
+
     def look_up(self, seq: Seq, context: list[int], n_past: int, sampling: SamplingParams, on_text: OnText | None,
                 t: Timings, idx: int) -> TurnSteps[Generation]:
         """Prompt-lookup decoding (core.decoding.lookup): drafts copied from ``context``, the
-        session's logical tokens; a step with no draft is a plain one, batched with the others."""
+        session's logical tokens and the tool results' copy views; a step with no draft is a
+        plain one, batched with the others."""
         guide = Guide(self.target, sampling.constraint) if sampling.constraint is not None else None
         gen, stats = yield from LookupDecoder(seq, guide).generate(context, n_past, sampling, on_text, idx)
         t.decode_mode, t.speculative = DecodeMode.LOOKUP.value, stats

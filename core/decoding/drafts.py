@@ -4,10 +4,15 @@ kept apart so that its policy is tested without llama.cpp)."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+NUMBERED = re.compile(r"(?m)^ *\d+\t")  # cat -n / Read: a line's number and a tab
+MAX_VIEW_CHARS = 65536
 
 K_MIN, K_MAX = 2, 16
 MAX_BACKOFF = 32  # plain steps between drafts at most, after misses in a row
@@ -68,3 +73,20 @@ class Lookup:
             self.wait -= 1
             return False
         return True
+
+
+def copy_views(results: Sequence[str]) -> list[str]:
+    """Tool results as a reply copies them, for the drafter to look up beside the prompt:
+    a file read without its ``cat -n`` numbers (a ``Write`` or a code block copies the code,
+    not the numbers), and each of those as a JSON string's inside (an ``Edit``'s ``old_string``
+    escapes newlines and quotes).  Newest first, ``MAX_VIEW_CHARS`` in all."""
+    views: list[str] = []
+    left = MAX_VIEW_CHARS
+    for text in reversed(results):
+        plain = NUMBERED.sub("", text)
+        for view in ([plain] if plain != text else []) + [json.dumps(plain, ensure_ascii=False)[1:-1]]:
+            if len(view) > left:
+                return views
+            views.append(view)
+            left -= len(view)
+    return views

@@ -88,3 +88,23 @@ def test_drafts_the_grammar_forbids_are_rejected_and_the_call_goes_on(smol_engin
     assert outs[0].text.startswith('<tool_call>\n{"name": "copy"') and len(outs[0].tokens) > 12
     assert outs[1].timings.speculative.n_drafted > 0
     assert outs[1].tokens == outs[0].tokens
+
+
+def test_a_file_read_is_looked_up_without_its_line_numbers_and_as_a_json_string(smol_engine):
+    """A reply copies a file as code, not as ``Read`` showed it (``cat -n`` numbers), and an
+    ``Edit``'s old_string holds it JSON-escaped: the drafter looks both views up beside the
+    prompt, and the reply is still plain greedy decoding's."""
+    numbered = "".join(f"{i:>6}\t{line}\n" for i, line in enumerate(SOURCE.splitlines(), 1))
+    chat = ChatTemplate(smol_engine.target)
+    prompt = chat.render_chat([
+        {"role": "system", "content": "You copy code exactly."}, {"role": "user", "content": "Read a.py"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "Read", "arguments": '{"file_path": "a.py"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": numbered}], ())
+    views = smol_engine.target.detokenize(smol_engine._copy_views(prompt))
+    assert "def step_1(x):\n    return x * 4 + 7\n" in views and "\t" not in views.split("<")[0]
+    assert "def step_1(x):\\n    return x * 4 + 7\\n" in views  # as a JSON string's inside
+    begun = smol_engine.target.tokenize("```python\ndef step_0(x):\n", add_special=False)
+    prompt = dataclasses.replace(prompt, tokens=prompt.tokens + tuple(begun))
+    plain, looked = run(smol_engine, prompt), run(smol_engine, prompt, lookup=True)
+    assert looked.tokens == plain.tokens and looked.timings.speculative.n_accepted > 0

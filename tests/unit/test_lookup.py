@@ -3,7 +3,7 @@ earlier, its most recent occurrence, what followed it, and k adapting to accepta
 
 from __future__ import annotations
 
-from core.decoding.drafts import K_MAX, K_MIN, Drafter, Lookup
+from core.decoding.drafts import K_MAX, K_MIN, Drafter, Lookup, copy_views
 
 
 def test_the_longest_suffix_found_earlier_gives_what_followed_its_latest_occurrence():
@@ -49,3 +49,12 @@ def test_misses_in_a_row_back_off_and_a_hit_ends_the_back_off():
     state.wait = 0
     state.adapt(4, 2)
     assert state.backoff == 0 and state.ready()
+
+
+def test_a_file_read_is_looked_up_without_its_numbers_and_as_a_json_string():
+    read = "     1\tdef f(x):\n     2\t    return \"x\"\n"
+    views = copy_views(["plain log line\n", read])
+    assert views[0] == 'def f(x):\n    return "x"\n'  # newest first, numbers gone
+    assert views[1] == 'def f(x):\\n    return \\"x\\"\\n'  # as old_string holds it
+    assert views[2] == "plain log line\\n" and len(views) == 3  # no numbers: only its JSON form
+    assert copy_views(["x" * 70000]) == []
