@@ -70,11 +70,11 @@ def test_nothing_is_read_through_a_symlink_or_past_its_cap(tmp_path):
 
 def test_a_killed_writers_partial_files_are_removed_at_start_up_and_counted(tmp_path):
     first = tier(tmp_path)
+    first.close()  # its start-up sweep done (on its writer thread): the files below come after it
     stale, fresh = first.dir / "abc.1234.partial", first.notes / "n.5678.partial"
     for path in (stale, fresh):
         path.write_bytes(b"half an entry")
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
-    first.close()
     again = tier(tmp_path)  # a restart
     assert again.partials_removed == 1 and not stale.exists()
     assert fresh.exists()  # a replica on the same folder may be writing it now
