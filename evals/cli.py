@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--idle-s", type=float, default=30.0, help="idle time between turns for the scorer to catch up")
     d.add_argument("--depth-seed", type=int, default=None, help="the tasks' seed (default: a fresh one each run)")
     d.add_argument("--depth-arms", default="dense,default", help="dense first, then SpecPrefill settings among "
-                   "default, lines (whole lines kept), blocks (whole lines and code blocks), skeleton (blocks and the "
+                   "default, chunks (scored chunks alone), lines (whole lines kept), "
+                   "blocks (whole lines and code blocks), skeleton (blocks and the "
                    "code's skeleton), named (whole lines and the request's named lines), copy (whole lines, skeleton "
                    "and named lines)")
     g = parser.add_argument_group("--specattn")

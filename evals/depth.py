@@ -43,14 +43,21 @@ if TYPE_CHECKING:
     from core.prompt import Prompt
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests/fixtures/clients/claude_code_first.json"
+def _selection(**on: bool) -> PrefillPolicy:
+    """A selection with exactly the line and code options named (whatever the defaults are)."""
+    flags = {"whole_lines": False, "code_blocks": False, "code_skeleton": False, "named_lines": False, **on}
+    return PrefillPolicy(selection=Selection(**flags))
+
+
 POLICIES = {  # the arms a run may name: the dense reference and SpecPrefill settings
     "dense": PrefillPolicy(enabled=False),
     "default": PrefillPolicy(),
-    "lines": PrefillPolicy(selection=Selection(whole_lines=True)),
-    "blocks": PrefillPolicy(selection=Selection(whole_lines=True, code_blocks=True)),
-    "skeleton": PrefillPolicy(selection=Selection(whole_lines=True, code_blocks=True, code_skeleton=True)),
-    "named": PrefillPolicy(selection=Selection(whole_lines=True, named_lines=True)),
-    "copy": PrefillPolicy(selection=Selection(whole_lines=True, code_skeleton=True, named_lines=True)),
+    "chunks": _selection(),  # scored chunks alone (the default)
+    "lines": _selection(whole_lines=True),
+    "blocks": _selection(whole_lines=True, code_blocks=True),
+    "skeleton": _selection(whole_lines=True, code_blocks=True, code_skeleton=True),
+    "named": _selection(whole_lines=True, named_lines=True),
+    "copy": _selection(whole_lines=True, code_skeleton=True, named_lines=True),
 }
 ARMS = ("dense", "default")
 AGREE_TOKENS = 32

@@ -21,7 +21,8 @@ def test_kept_tokens_form_whole_lines_and_kept_defs_their_blocks(tiny_engine):
                           {"role": "user", "content": "Read src/a.py.\n" + module.content}])
     pieces = [tiny_engine.target.token_bytes(t) for t in prompt.tokens]
     line_of = np.cumsum([p.count(b"\n") for p in pieces]) - np.array([p.count(b"\n") for p in pieces])
-    for flags in ({"whole_lines": True}, {"whole_lines": True, "code_blocks": True}):
+    alone = {"code_skeleton": False, "named_lines": False}  # the skeleton's def lines open no block
+    for flags in ({"whole_lines": True, **alone}, {"whole_lines": True, "code_blocks": True, **alone}):
         tiny_engine.slot_kv.load(None)
         res = tiny_engine.run(prompt, with_sampling(forced(mass=0.3, **flags), SamplingParams(max_tokens=1)))
         kept = np.zeros(len(prompt), dtype=bool)
