@@ -31,6 +31,8 @@ HELP = {
                      "class line, whatever their scores",
     "named_lines": "keep every line that holds a name the request names (its last user message and the tool "
                    "calls after it: snake_case, CONSTANTS, camelCase, `quoted`), and the block a named def opens",
+    "max_line_tokens": "the line options widen or add only lines of at most this many tokens (one-line JSON and "
+                       "unwrapped prose stay as scored; 0 = no bound)",
     "scorer_ahead_tokens": "a turn that prefills this many tokens densely while its scorer lags as many prefills "
                            "the scorer too, through the scoring window, so the tool turns after it score only their "
                            "own tokens (0 = off: idle time catches the scorer up)",

@@ -83,11 +83,14 @@ class Selection:
     keep_first: int = 4
     keep_last: int = 2
     max_keep: int = 0  # 0 = no cap
-    # a kept token keeps its whole line; a kept def/class line keeps its block (core/specprefill/lines.py)
-    whole_lines: bool = per_request(False)
+    # a kept token keeps its whole line; a kept def/class line keeps its block (core/specprefill/lines.py).
+    # On by default: whole lines, the skeleton and named lines, as `specgate eval --depth` chose
+    # (results/depth.md "What SpecPrefill keeps at depth")
+    whole_lines: bool = per_request(True)
     code_blocks: bool = per_request(False)
-    code_skeleton: bool = per_request(False)  # source code: top-level and def lines kept whatever their scores
-    named_lines: bool = per_request(False)  # lines naming what the request names, and named defs' blocks
+    code_skeleton: bool = per_request(True)  # source code: top-level and def lines kept whatever their scores
+    named_lines: bool = per_request(True)  # lines naming what the request names, and named defs' blocks
+    max_line_tokens: int = per_request(96, 0, 65536)  # longer lines (one-line JSON, prose) are not widened
 
     def __post_init__(self) -> None:
         _require(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")
@@ -96,6 +99,7 @@ class Selection:
         _require(0.0 < self.keep_fraction <= 1.0, f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
         _require(self.keep_first >= 0 and self.keep_last >= 1, "keep_first must be >= 0 and keep_last >= 1")
         _require(self.max_keep >= 0, f"max_keep must be >= 0, got {self.max_keep}")
+        _require(self.max_line_tokens >= 0, f"max_line_tokens must be >= 0, got {self.max_line_tokens}")
 
 
 @dataclass(slots=True, frozen=True)

@@ -18,6 +18,10 @@ line-oriented content:
   the speculator's lookahead sees the end of the prompt, often far from the question, and the
   lines a request names are the ones its answer copies.
 
+Only lines of at most ``max_line_tokens`` tokens are widened or forced: a one-line JSON tool
+result or an unwrapped paragraph is a "line" of thousands of tokens, and keeping it whole would
+keep everything; there the scored chunks stand as they are.
+
 Lines come from the tokens' bytes (a token that ends with or holds a newline closes its
 line); ``cat -n``'s line numbers (``   12\\t``), as ``Read`` returns files, are looked past
 for indentation.
@@ -45,6 +49,11 @@ class Lines:
     opens: np.ndarray  # bool per line: it opens a block (def, class)
     skeleton: np.ndarray  # bool per line: a def or class line, or a top-level import, decorator or assignment
     named: np.ndarray  # bool per line: it holds one of the names looked for
+    n_tokens: np.ndarray  # int64 per line: the tokens that start in it
+
+    def short(self, max_tokens: int) -> np.ndarray:
+        """Per line: at most ``max_tokens`` tokens long (0: every line)."""
+        return self.n_tokens <= max_tokens if max_tokens > 0 else np.ones(len(self.n_tokens), dtype=bool)
 
 
 def names_in(text: str) -> frozenset[bytes]:
@@ -79,7 +88,8 @@ def lines_of(pieces: Sequence[bytes], names: frozenset[bytes] = frozenset()) -> 
             opens[i] = body.startswith(OPENS)
             skeleton[i] = opens[i] or (indent[i] == 0 and TOP_LEVEL.match(body) is not None)
             named[i] = pattern is not None and pattern.search(body) is not None
-    return Lines(of_token, indent, opens, skeleton, named)
+    n_tokens = np.bincount(of_token, minlength=len(text)).astype(np.int64)
+    return Lines(of_token, indent, opens, skeleton, named, n_tokens)
 
 
 def _word_pattern(names: frozenset[bytes]) -> re.Pattern[bytes] | None:
@@ -90,26 +100,28 @@ def _word_pattern(names: frozenset[bytes]) -> re.Pattern[bytes] | None:
 
 
 def widen(kept: np.ndarray, lines: Lines, whole_lines: bool, blocks: bool, max_block_lines: int = 80,
-          skeleton: bool = False, named: bool = False) -> np.ndarray:
+          skeleton: bool = False, named: bool = False, max_line_tokens: int = 0) -> np.ndarray:
     """``kept`` (a boolean mask over the tokens) with the lines and blocks it touches, with
     ``skeleton`` the code's skeleton (source code only: elsewhere every line is top-level),
-    and with ``named`` the named lines and the blocks a named line opens."""
+    and with ``named`` the named lines and the blocks a named line opens; lines longer than
+    ``max_line_tokens`` (0: no bound) are neither widened nor added."""
     named = named and bool(lines.named.any())
     if not (whole_lines or blocks or skeleton or named) or not kept.any():
         return kept
+    short = lines.short(max_line_tokens)
     line_kept = np.zeros(len(lines.indent), dtype=bool)
     line_kept[np.unique(lines.of_token[kept])] = True
     if blocks:  # the blocks the scores chose: the skeleton's def lines open none
         line_kept |= _blocks(line_kept, lines, max_block_lines)
     if named:
-        named_lines = lines.named | _blocks(lines.named, lines, max_block_lines)
+        named_lines = (lines.named | _blocks(lines.named, lines, max_block_lines)) & short
         line_kept |= named_lines
         kept = kept | named_lines[lines.of_token]  # whole, even where lines are not widened
     if skeleton:
-        kept = kept | lines.skeleton[lines.of_token]
+        kept = kept | (lines.skeleton & short)[lines.of_token]
         line_kept |= lines.skeleton
-    widened = line_kept[lines.of_token]
-    return widened if whole_lines else kept | (widened & ~_touched(kept, lines))
+    widened = (line_kept & short)[lines.of_token]
+    return kept | widened if whole_lines else kept | (widened & ~_touched(kept, lines))
 
 
 def _touched(kept: np.ndarray, lines: Lines) -> np.ndarray:

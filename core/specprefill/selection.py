@@ -104,7 +104,7 @@ def select_tokens(scores: np.ndarray, params: Selection, protected: Iterable[tup
     chosen = np.repeat(chunk_mask, chunk)[:n] | forced
     if lines is not None:
         chosen = widen(chosen, lines, params.whole_lines, params.code_blocks, skeleton=code and params.code_skeleton,
-                       named=params.named_lines)
+                       named=params.named_lines, max_line_tokens=params.max_line_tokens)
     return np.flatnonzero(chosen)
 
 

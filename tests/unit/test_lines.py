@@ -100,3 +100,21 @@ def test_named_lines_are_kept_whatever_their_scores_and_a_named_def_keeps_its_bo
     assert np.array_equal(unnamed, mask)  # a name matches whole words only
     off = widen(mask, lines_of(p, frozenset({b"foo"})), whole_lines=False, blocks=False, named=False)
     assert np.array_equal(off, mask)
+
+
+def test_lines_longer_than_the_bound_stay_as_scored():
+    """A one-line JSON result or an unwrapped paragraph is one "line" of the whole prompt:
+    widened, it would keep every token; over the bound it keeps only what was scored, named
+    or not, while the short lines beside it are still widened."""
+    long_line = "prose " * 60 + "parse_header here " + "prose " * 60 + "\n"
+    p = pieces("x = 1\n" + long_line + "y = 2\n")
+    info = lines_of(p, frozenset({b"parse_header"}))
+    assert info.n_tokens.sum() == len(p) and info.n_tokens[1] > 100
+    mask = np.zeros(len(p), dtype=bool)
+    mask[at(p, b"prose")] = True
+    mask[at(p, b"y = 2")] = True
+    out = widen(mask, info, whole_lines=True, blocks=False, skeleton=True, named=True, max_line_tokens=32)
+    assert np.array_equal(out[info.of_token == 1], mask[info.of_token == 1])  # the long line: as scored
+    assert "y = 2" in kept_text(p, out) and "x = 1" in kept_text(p, out)  # short lines: widened, skeleton
+    unbounded = widen(mask, info, whole_lines=True, blocks=False, named=True)
+    assert unbounded[info.of_token == 1].all()
