@@ -153,7 +153,7 @@ def cross_key_cells(engine: Any, residency: Any, refs: dict[str, dict[str, np.nd
 
 async def checker(manager: Any, refs: Any, stop: asyncio.Event, tally: Tally) -> None:
     while not stop.is_set():
-        found, looked = await manager.worker.call(lambda e: cross_key_cells(e, manager.residency, refs))
+        found, looked = await manager.worker.inspect(lambda e: cross_key_cells(e, manager.residency, refs))
         tally.counts["cell_checks"] += 1
         tally.counts["slot_reads"] += looked
         if found:
@@ -185,7 +185,7 @@ async def soak(port: int, redis_url: str, tier: str, minutes: float, layout: str
     await web.TCPSite(runner, "127.0.0.1", port).start()
     manager = app[keys.MANAGER]
     try:
-        refs = await manager.worker.call(canary_rows)
+        refs = await manager.worker.inspect(canary_rows)
         stop = asyncio.Event()
         check = asyncio.create_task(checker(manager, refs, stop, tally))
         until = time.monotonic() + minutes * 60

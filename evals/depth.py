@@ -46,7 +46,8 @@ FIXTURE = Path(__file__).resolve().parents[1] / "tests/fixtures/clients/claude_c
 def _selection(**on: bool) -> PrefillPolicy:
     """A selection with exactly the line and code options named (whatever the defaults are)."""
     flags = {"whole_lines": False, "code_blocks": False, "code_skeleton": False, "named_lines": False, **on}
-    return PrefillPolicy(selection=Selection(**flags))
+    return PrefillPolicy(selection=Selection(whole_lines=flags["whole_lines"], code_blocks=flags["code_blocks"],
+                                             code_skeleton=flags["code_skeleton"], named_lines=flags["named_lines"]))
 
 
 POLICIES = {  # the arms a run may name: the dense reference and SpecPrefill settings

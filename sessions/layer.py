@@ -16,6 +16,7 @@ import structlog
 
 from core.config import EngineConfig, Limits
 from core.models.model_files import models_dir
+from core.runtime.messages import Describe
 from core.runtime.worker import ModelState, ModelWorker
 from sessions.admission import FairAdmission
 from sessions.kv.parked import ParkedKV
@@ -84,7 +85,7 @@ async def open_layer(engine: EngineConfig, s: LayerSettings) -> AsyncIterator[Se
         worker = await stack.enter_async_context(_models(engine))
         store, writer, registry = await stack.enter_async_context(_store(s))
         admission = FairAdmission(s.max_queue, engine.slots)
-        fingerprint = model_fingerprint(engine, await worker.call(lambda e: e.state_layout()))
+        fingerprint = model_fingerprint(engine, await worker.call(Describe.STATE_LAYOUT))
         parked = ParkedKV(s.kv_budget_mb << 20, s.kv_spill_dir or None, fingerprint,
                           s.kv_spill_max_mb << 20, namespace=s.replica_id)
         tier = await asyncio.to_thread(open_tier, s.kv_tier_dir, TierSettings(
@@ -97,7 +98,7 @@ async def open_layer(engine: EngineConfig, s: LayerSettings) -> AsyncIterator[Se
                                  s.prefix_min_tokens, s.implicit_min_share, tier, s.kv_checkpoint_tokens,
                                  0 if s.isolate_conversations else s.splice_min_tokens, s.isolate_conversations)
         # prefix entries copied, scorers caught up, sessions checkpointed
-        worker.idle = lambda engine: manager.residency.idle(engine, s.catch_up_tokens)
+        worker.attach(manager.residency, s.catch_up_tokens)
         admission.start()
         stack.push_async_callback(admission.stop)
         registry.start(manager.held, manager.forget)
@@ -115,7 +116,7 @@ async def _models(engine: EngineConfig) -> AsyncIterator[ModelWorker]:
     log.info("models_loaded", target=Path(engine.target).name, speculator=Path(engine.speculator).name,
              ms=round((time.perf_counter() - t0) * 1e3))
     if worker.state is ModelState.READY:
-        lmap = await worker.call(lambda engine: engine.layer_map)
+        lmap = await worker.call(Describe.LAYER_MAP)
         log.info("layer_map", source=lmap.source, mapping=list(lmap.mapping))
     try:
         yield worker

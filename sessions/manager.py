@@ -7,8 +7,8 @@ session continues the conversation its tokens match
 session's lifecycle, lease (:mod:`sessions.registry`), TTL and record: the
 metadata and full history go to the store (Redis) through the
 :class:`StoreWriter`, off the reply path.  Where each session's KV lives is the
-model thread's business (:class:`~sessions.kv.residency.Residency`); the table
-queues its KV drops there (:meth:`SessionManager._drop_kv`).
+model thread's business (:class:`~core.runtime.residency.Residency`); the table
+hands it plain messages (core.runtime.messages): a turn to run, a session's KV to drop.
 
 One turn per session at a time: a second concurrent turn gets 409.  Delete
 wins over a running turn: it cancels it, and nothing written afterwards
@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
@@ -35,24 +35,24 @@ from core.errors import (
     SessionNotFound,
     StoreUnavailable,
 )
+from core.kv.slot_table import SlotTable
 from core.prompt import Prompt
+from core.runtime.messages import Forget, Render, RunTurn, Settle
+from core.runtime.residency import Residency
+from core.runtime.seating import TurnOutcome
 from core.runtime.worker import ModelState, ModelWorker
 from core.turn_request import TurnRequest
 from sessions.admission import FairAdmission
 from sessions.conversations import ImplicitSessions
 from sessions.ids import check_id, session_key
+from sessions.kv.checkpoints import SessionCheckpoints
 from sessions.kv.parked import ParkedKV
 from sessions.kv.prefixes import PrefixCache
-from sessions.kv.residency import Residency, TurnOutcome
-from sessions.kv.slot_table import SlotTable
 from sessions.kv.tier import KVTier
 from sessions.metadata import MetadataStore
 from sessions.registry import LocalRegistry, Registry
 from sessions.session import IMPLICIT_PREFIX, KVLocation, Session, SessionState
 from sessions.store_writer import StoreWriter
-
-if TYPE_CHECKING:
-    from core.engine import Engine
 
 __all__ = ["IMPLICIT_PREFIX", "Session", "SessionManager", "SessionState", "TurnOutcome"]
 log = structlog.get_logger("specgate.sessions")
@@ -73,9 +73,10 @@ class SessionManager:
         self.ttl_s = ttl_s
         self.registry: Registry = registry or LocalRegistry()
         self._sessions: dict[str, Session] = {}
-        self.residency = Residency(worker.config.slots, parked, prefix_min_tokens,
-                                   lambda s: self._sessions.get(s.key) is s, tier, checkpoint_tokens,
-                                   splice_min_tokens, isolate_conversations)  # model thread
+        self._prefixes = PrefixCache(parked, prefix_min_tokens, tier)
+        checkpoints = SessionCheckpoints(tier, checkpoint_tokens) if tier is not None and checkpoint_tokens else None
+        self.residency = Residency(worker.config.slots, parked, self._prefixes,
+                                   checkpoints, splice_min_tokens, isolate_conversations)  # model thread
         self.implicit = ImplicitSessions(implicit_min_share)  # event loop only
 
     @property
@@ -225,7 +226,11 @@ class SessionManager:
         return len(stale)
 
     def location(self, session: Session) -> str:
-        return self.residency.location(session)
+        """Where the session's KV is (a snapshot of the model thread's slot table)."""
+        if self.residency.slots.find(session) is not None:
+            return KVLocation.RESIDENT.value
+        where = self.parked.where(session.key)
+        return where if where != "none" else session.kv_location.value
 
     @property
     def slots(self) -> SlotTable:
@@ -233,7 +238,7 @@ class SessionManager:
 
     @property
     def prefixes(self) -> PrefixCache:
-        return self.residency.prefixes
+        return self._prefixes
 
     # -- conversations found by their tokens ---------------------------------------
     def continuing(self, owner: str, tokens: Sequence[int], hint: str | None = None) -> Session | None:
@@ -297,13 +302,9 @@ class SessionManager:
         the context (:class:`PromptTooLong`, :class:`EmptyPrompt`), so a request that cannot
         run is refused before any response starts; the turn then runs this prompt
         (``work.prompt``).  The one way to render or count a request's tokens."""
-        def rendered(engine: Engine) -> Prompt:
-            prompt = work.render(engine)
-            if check:
-                engine.check_turn(prompt, work.params)
-            return prompt
         async with self.admission.side_call():  # bounded: a flood is a 429, not a stall
-            return await self.worker.call(rendered)
+            prompt: Prompt = await self.worker.call(Render(work, check))
+            return prompt
 
     def admit(self) -> None:
         """Room in the turn queue for one more turn, or :class:`QueueFull` (before any work)."""
@@ -311,13 +312,11 @@ class SessionManager:
 
     async def run_turn(self, session: Session | None, work: TurnRequest) -> TurnOutcome:
         """Run ``work`` in ``session`` (which must have been :meth:`claim`-ed), or without one."""
-        residency, abort = self.residency, work.cancel.is_set
         if session is None:
-            return await self.admission.submit(f"stateless-{work.id}", lambda: self.worker.turn(
-                lambda engine: residency.stateless(engine, work), abort))
+            return await self.admission.submit(f"stateless-{work.id}", lambda: self.worker.turn(RunTurn(work)))
         try:
-            outcome: TurnOutcome = await self.admission.submit(session.key, lambda: self.worker.turn(
-                lambda engine: residency.session_turn(engine, session, work), abort))
+            outcome: TurnOutcome = await self.admission.submit(session.key,
+                                                               lambda: self.worker.turn(RunTurn(work, session)))
         finally:
             self.implicit.held(session)
         self._record(session, outcome)
@@ -346,8 +345,10 @@ class SessionManager:
     def _drop_kv(self, session: Session) -> None:
         """Queue the removal of a session's KV -- resident, parked or spilled -- for the model
         thread, which alone changes slots and parked KV: a turn queued later (the same id
-        created again) runs after it and finds nothing."""
-        self.worker.post(lambda engine: self.residency.forget_kv(engine, session))
+        created again) runs after it and finds nothing.  Marked dropped at once, so the model
+        thread parks nothing of it meanwhile."""
+        session.dropped = True
+        self.worker.post(Forget(session))
 
     # -- what the gateway reports of the layer -----------------------------------
     @property
@@ -385,11 +386,11 @@ class SessionManager:
         checkpoints of idle sessions) is done and written within ``timeout_s``, so a restart
         finds it.  Returns what was written and what was left for lack of time."""
         deadline = time.monotonic() + timeout_s
-        self.worker.idle = None
-        tier = self.residency.prefixes.tier
+        self.worker.idle_enabled = False
+        tier = self.prefixes.tier
         if tier is None or not self.models_ready:
             return {}
-        queued, left = await self.worker.call(lambda engine: self.residency.settle(engine, deadline))
+        queued, left = await self.worker.call(Settle(deadline))
         landed = await asyncio.to_thread(tier.flush, max(0.0, deadline - time.monotonic()))
         return {"kv_saved": queued, "kv_left": left, "kv_writes_landed": landed,
                 "kv_writes_waiting_mb": round(tier.queued_bytes / 2**20, 1)}

@@ -63,6 +63,15 @@ class Session:
     # the last reply called tools (with these tools offered): idle work rewrites the held reply in
     # the form the client resends it (sessions.kv.held_reply)
     resend_tools: tuple[dict[str, Any], ...] | None = None
+    dropped: bool = False  # the table let it go (deleted, expired, moved away): its KV is worth nothing
+
+    @property
+    def idle(self) -> bool:
+        return self.state is SessionState.IDLE
+
+    @property
+    def deleted(self) -> bool:
+        return self.state is SessionState.DELETED
 
     @property
     def key(self) -> str:

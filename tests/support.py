@@ -249,7 +249,7 @@ class ModelThreadHeld:
 
         self.release = threading.Event()
         self.future = asyncio.run_coroutine_threadsafe(
-            gw.app[keys.MANAGER].worker.call(lambda engine: self.release.wait(60)), gw.loop)
+            gw.app[keys.MANAGER].worker.inspect(lambda engine: self.release.wait(60)), gw.loop)
 
     def __enter__(self) -> ModelThreadHeld:
         return self

@@ -1,14 +1,16 @@
 """The model worker: the one thread that touches the engine (and so llama.cpp).
 
-The event loop hands it work through a queue, as llama.cpp's server hands
-tasks to its slots: a *turn* (a generator, see core.steps) joins the step loop
-(core.runtime.step_loop) and is batched with the other turns; a *call* (parking a
-session's KV, a delete, a lookup) runs whole between two steps.  HTTP code
-never holds a context.
+The event loop hands it work through a queue of plain messages (core.runtime.messages),
+as llama.cpp's server hands tasks to its slots: a :class:`RunTurn` is seated
+(core.runtime.seating) and joins the step loop (core.runtime.step_loop), batched with
+the other turns; a call (render a prompt, drop a session's KV, settle the tier) runs whole
+between two steps.  The worker calls its own parts for each message: no callable from the
+event loop's side runs here (``inspect``, for tests and benches, is the one exception).
+HTTP code never holds a context.
 
-With no turn in the loop and nothing queued, the thread spends its time on
-:attr:`ModelWorker.idle` work (the sessions layer catches scorers up), one bounded
-chunk at a time, looking at its queue between chunks: a turn that arrives waits for
+With no turn in the loop and nothing queued, the thread spends its time on idle work
+(core.runtime.idle_work: prefix entries, held replies, scorer catch-up, checkpoints), one
+bounded chunk at a time, looking at its queue between chunks: a turn that arrives waits for
 one chunk at most (``stats.max_idle_chunks_ahead`` counts what one did wait).
 """
 
@@ -27,6 +29,10 @@ import structlog
 
 from core.config import EngineConfig
 from core.errors import EngineError
+from core.runtime import idle_work, seating
+from core.runtime.messages import Call, Describe, Forget, Post, Render, RunTurn, Settle, Wake
+from core.runtime.residency import Residency
+from core.runtime.seating import TurnOutcome
 from core.runtime.step_loop import Job, StepLoop, StepStats
 from core.steps import TurnSteps
 
@@ -54,8 +60,13 @@ class ModelWorker:
         self._loop = StepLoop(config.step_tokens, config.prefill_share, config.progress_log_s)
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        # idle work: one chunk per call, on the model thread; returns False when there is none
-        self.idle: Callable[[Engine], bool] | None = None
+        self.residency: Residency | None = None  # the sessions' KV (attach): none, no seating or idle work
+        self.catch_up_tokens = 0  # one idle prefill at most (0: none)
+        self.idle_enabled = True  # False: idle work stops (a drain settles what it owed)
+
+    def attach(self, residency: Residency, catch_up_tokens: int) -> None:
+        """The sessions' KV this thread seats turns in and does idle work on."""
+        self.residency, self.catch_up_tokens = residency, catch_up_tokens
 
     @property
     def stats(self) -> StepStats:
@@ -72,34 +83,40 @@ class ModelWorker:
             raise
         self.state = ModelState.READY
 
-    async def call(self, fn: Callable[[Engine], T]) -> T:
-        """Run ``fn(engine)`` on the model thread between two steps, in a copy of the
-        caller's context (so its log lines keep the request and session ids)."""
+    async def call(self, msg: Call) -> Any:
+        """Do ``msg`` on the model thread between two steps, in a copy of the caller's
+        context (so its log lines keep the request and session ids)."""
+        self._check()
+        return await asyncio.wrap_future(self._queue(_plain(msg, Render, Settle, Describe)))
+
+    async def inspect(self, fn: Callable[[Engine], T]) -> T:
+        """Run ``fn(engine)`` on the model thread between two steps: tests and benches read
+        cells with it; the session layer and the gateway never pass a callable down."""
         self._check()
         return await asyncio.wrap_future(self._queue(fn))
 
-    def post(self, fn: Callable[[Engine], Any]) -> None:
-        """Queue ``fn(engine)`` for the model thread without waiting for it: queued work
-        runs in order, so whatever is queued later (a turn) sees its effect.  A failure is
-        logged, never raised to anyone."""
-        self._queue(fn).add_done_callback(_log_failure)
+    def post(self, msg: Post) -> None:
+        """Queue ``msg`` without waiting for it: queued work runs in order, so whatever is
+        queued later (a turn) sees its effect.  A failure is logged, never raised to anyone."""
+        self._queue(_plain(msg, Forget, Wake)).add_done_callback(_log_failure)
 
     def wake(self) -> None:
         """Let idle work look again: it may have found nothing as a turn ended, its session
         not yet marked idle on the event loop, and then waits for the next call."""
-        if self.idle is not None:
-            self.post(lambda engine: None)
+        if self.residency is not None and self.idle_enabled:
+            self.post(Wake())
 
-    async def turn(self, start: Callable[[Engine], TurnSteps[T]], abort: Callable[[], bool] | None = None) -> T:
-        """Run the turn ``start(engine)`` returns in the step loop; ``abort`` is polled
-        before each of its prefill chunks."""
+    async def turn(self, msg: RunTurn) -> TurnOutcome:
+        """Run the turn in the step loop; its request's ``cancel`` is polled before each of
+        its prefill chunks."""
         self._check()
-        return await asyncio.wrap_future(self._queue(start, abort, is_turn=True))
+        _plain(msg, RunTurn)
+        return await asyncio.wrap_future(self._queue(msg, msg.request.cancel.is_set, is_turn=True))  # type: ignore[no-any-return]
 
-    def _queue(self, fn: Callable[[Engine], Any], abort: Callable[[], bool] | None = None,
+    def _queue(self, msg: object, abort: Callable[[], bool] | None = None,
                is_turn: bool = False) -> concurrent.futures.Future[Any]:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._inbox.put((fut, contextvars.copy_context(), fn, abort, is_turn, self._loop.stats.idle_chunks))
+        self._inbox.put((fut, contextvars.copy_context(), msg, abort, is_turn, self._loop.stats.idle_chunks))
         return fut
 
     def _check(self) -> None:
@@ -140,10 +157,10 @@ class ModelWorker:
     def _idle_chunk(self, engine: Engine) -> bool:
         """One chunk of idle work; False when there is none (or it failed: logged, not retried
         until the next turn)."""
-        if self.idle is None:
+        if self.residency is None or not self.idle_enabled:
             return False
         try:
-            did = self.idle(engine)
+            did = idle_work.run_one(self.residency, engine, self.catch_up_tokens)
         except Exception as exc:  # noqa: BLE001 -- idle work must never take the thread down
             log.error("idle_work_failed", error=f"{type(exc).__name__}: {exc}")
             return False
@@ -166,13 +183,13 @@ class ModelWorker:
                 block, left = False, self._inbox.qsize()  # what arrived while it waited
             if item is _STOP:
                 return False
-            fut, ctx, fn, abort, is_turn, chunks_then = item
+            fut, ctx, msg, abort, is_turn, chunks_then = item
             stats = self._loop.stats
             stats.max_idle_chunks_ahead = max(stats.max_idle_chunks_ahead, stats.idle_chunks - chunks_then)
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
-                value = ctx.run(fn, engine)
+                value = ctx.run(self._do, engine, msg)
             except BaseException as exc:  # noqa: BLE001 -- delivered to the caller
                 fut.set_exception(exc)
                 continue
@@ -181,6 +198,49 @@ class ModelWorker:
             else:
                 fut.set_result(value)
         return True
+
+
+    def _do(self, engine: Engine, msg: object) -> Any:
+        """One message's work (a turn's: its steps, for the loop)."""
+        res = self.residency
+        match msg:
+            case RunTurn(request, session):
+                if session is None:
+                    return seating.stateless(self._seats(res), engine, request)
+                return seating.session_turn(self._seats(res), engine, session, request)
+            case Render(request, check):
+                prompt = request.render(engine)
+                if check:
+                    engine.check_turn(prompt, request.params)
+                return prompt
+            case Forget(session):
+                return self._seats(res).forget(engine, session)
+            case Settle(deadline):
+                return idle_work.settle(res, engine, deadline) if res is not None else (0, 0)
+            case Describe.STATE_LAYOUT:
+                return engine.state_layout()
+            case Describe.LAYER_MAP:
+                return engine.layer_map
+            case Wake():
+                return None
+            case _ if callable(msg):  # inspect
+                return msg(engine)
+        raise EngineError(f"the model thread got a message it does not know: {msg!r}")
+
+    @staticmethod
+    def _seats(res: Residency | None) -> Residency:
+        if res is None:
+            raise EngineError("no sessions' KV is attached to the model thread")
+        return res
+
+
+def _plain(msg: object, *kinds: type) -> object:
+    """``msg`` if it is one of ``kinds`` (plain data), else TypeError: a callable never
+    travels down this way (``inspect`` is the tests' door)."""
+    if not isinstance(msg, kinds):
+        raise TypeError(f"the model thread takes {', '.join(k.__name__ for k in kinds)} here, "
+                        f"not {type(msg).__name__}")
+    return msg
 
 
 def _log_failure(fut: concurrent.futures.Future[Any]) -> None:

@@ -15,7 +15,7 @@ folder, so replicas that share it share checkpoints.
 
 A note per owner lists its latest checkpoints, newest first (``OWNER_RECENT``): a new
 conversation of that owner on a replica or after a restart, which no session of this process
-can lend KV to, starts from the one that shares the most with it (Residency: its prefix, and a
+can lend KV to, starts from the one that shares the most with it (core.runtime.prefix_starts: its prefix, and a
 block it repeats after a different task).  Replicas that write it at once may lose an entry:
 it is a hint, and a lost entry costs a prefill, never a wrong state.  Model thread for what reads the KV;
 files on the tier's writer thread.
@@ -149,6 +149,10 @@ class SessionCheckpoints:
                 self.tier.write_note(self._owner_note(owner), orjson.dumps(kept))
         else:
             self.tier.delete_note(self._owner_note(owner))
+
+    def load(self, key: str) -> Blobs | None:
+        """The checkpoint entry ``key`` (a ``best_lender`` answer) from the tier."""
+        return self.tier.get(key)
 
     def best_lender(self, owner: str, tokens: Sequence[int], n: int, min_run: int,
                     max_gap: int) -> tuple[tuple[int, ...], str] | None:

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import structlog
 
+from core.kv.stores import Blobs
 from sessions.kv.private_files import private_dir, read_private, write_private
 
 log = structlog.get_logger("specgate.sessions")
-Blobs = tuple[bytes, bytes]  # (target, speculator)
 MAGIC = b"SGKV"
 VERSION = 2  # 2: the checksum is keyed (a file written without the key fails it)
 HEADER = struct.Struct("<4sH32sQQ16s")  # magic, version, fingerprint, target len, speculator len, checksum

@@ -57,7 +57,7 @@ class PrefixCache:
         self.hits = self.misses = self.waits = self.adopted = self.copied = 0
         self.tier_hits = 0  # restored from the KV tier (counted in hits too)
         # entries kept without the speculator's part (copied from a session whose scorer was
-        # deferred): key -> (owner, tokens), completed in idle time (Residency.complete_prefix)
+        # deferred): key -> (owner, tokens), completed in idle time (core.runtime.idle_work.complete_prefix)
         self.lacking: dict[str, tuple[str, tuple[int, ...]]] = {}
         # wanted entries an idle resident session holds (a sibling conversation adopted the
         # prefix from it): key -> (owner, tokens), copied in idle time, off the reply path
@@ -120,7 +120,7 @@ class PrefixCache:
 
     def want(self, key: str, owner: str, tokens: tuple[int, ...]) -> None:
         """``key`` is wanted and a resident session holds it: copy it in idle time
-        (Residency.complete_prefix), unless it is cached or being built meanwhile."""
+        (core.runtime.idle_work.complete_prefix), unless it is cached or being built meanwhile."""
         if key not in self.unfilled and len(self.unfilled) < SEEN_KEYS and not self.building(key) \
                 and self.get(key) is None and self.wanted(key):
             self.unfilled[key] = (owner, tokens)

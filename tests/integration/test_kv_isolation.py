@@ -12,11 +12,13 @@ import pytest
 
 from core.kv.positions import SessionKV
 from core.llama import seq_cells
+from core.runtime.residency import Residency
+from core.runtime.seating import session_turn
 from core.spans import common_prefix
 from core.steps import Tokens
 from core.turn_request import TurnRequest
 from sessions.kv.parked import ParkedKV
-from sessions.kv.residency import Residency
+from sessions.kv.prefixes import PrefixCache
 from sessions.session import Session
 from tests.support import engine_config, policy
 
@@ -58,6 +60,11 @@ def run(turn, reply=None) -> object:
             reply = -1
 
 
+def residency(splice_min_tokens: int = 0) -> Residency:
+    parked = ParkedKV(1 << 30)
+    return Residency(2, parked, PrefixCache(parked, 0), splice_min_tokens=splice_min_tokens)
+
+
 def last_v(blob: bytes, seq_id: int, lo: int, hi: int) -> np.ndarray:
     """The last layer's V of the cells at positions [lo, hi), in position order (V is never
     rotated: a cell copied elsewhere keeps it byte for byte)."""
@@ -72,15 +79,15 @@ def test_a_donor_slot_taken_by_another_key_mid_gap_lends_nothing(engine2):
     prefilled, over two steps, key B's turn takes the donor's slot and loads B's KV there.
     The splice must not copy B's cells: it is skipped, and A's session holds only cells it
     computed or copied from A's own conversation."""
-    res = Residency(2, ParkedKV(1 << 30), prefix_min_tokens=0, holds=lambda s: True, splice_min_tokens=64)
+    res = residency(splice_min_tokens=64)
     b = Session(id="b", owner="key-b")
     b_first = work("key-b", {"role": "system", "content": OTHER}, {"role": "user", "content": "Count the bins."})
-    run(res.session_turn(engine2, b, b_first))  # B in slot 0
+    run(session_turn(res, engine2, b, b_first))  # B in slot 0
     a1 = Session(id="a1", owner="key-a")
-    run(res.session_turn(engine2, a1, sibling("key-a", "Say hello.")))  # A1 in slot 1: the donor
+    run(session_turn(res, engine2, a1, sibling("key-a", "Say hello.")))  # A1 in slot 1: the donor
     donor_slot = res.slots.find(a1)
     a2 = Session(id="a2", owner="key-a")
-    a2_turn = res.session_turn(engine2, a2, sibling("key-a", "Which unit raised the last pressure alarm, and when?"))
+    a2_turn = session_turn(res, engine2, a2, sibling("key-a", "Which unit raised the last pressure alarm, and when?"))
     b_turn = None
     try:
         gap = a2_turn.send(None)  # B parked, A2 seated in slot 0, the prefix adopted, the task's gap asked for
@@ -90,7 +97,7 @@ def test_a_donor_slot_taken_by_another_key_mid_gap_lends_nothing(engine2):
         gap.seq.decode(gap.tokens[:half], gap.start_pos, logits_last=False)  # the gap's first step
 
         # between the two steps, key B's next turn takes the donor's slot and loads its own KV there
-        b_turn = res.session_turn(engine2, b, work("key-b", *b_first.messages, {"role": "assistant", "content": "Ok."},
+        b_turn = session_turn(res, engine2, b, work("key-b", *b_first.messages, {"role": "assistant", "content": "Ok."},
                                                       {"role": "user", "content": "And the carriers?"}))
         b_req = b_turn.send(None)
         assert res.slots.find(b) == donor_slot and res.slots.find(a1) is None
@@ -170,7 +177,7 @@ def test_the_two_key_soak_sees_a_cell_of_the_other_keys_canary(tiny_target, tiny
     engine = Engine(engine_config(tiny_target, tiny_speculator, slots=2))
     try:
         refs = soak_keys.canary_rows(engine)
-        res = Residency(2, ParkedKV(1 << 30), prefix_min_tokens=0, holds=lambda s: True)
+        res = residency()
         owner_a = next(o for o, k in soak_keys.OWNERS.items() if k == "key-a")
         seat = res.slots.seat(Session(id="a", owner=owner_a))
         mine = engine.target.tokenize(soak_keys.system_prompt("key-a", None), add_special=False)

@@ -250,7 +250,7 @@ def test_a_stop_right_after_a_siblings_reply_keeps_the_shared_prefix(tiny_target
 
     first = start_gateway(tiny_target, tiny_speculator, engine={"slots": 2}, kv_tier_dir=str(tmp_path))
     try:
-        first.app[keys.MANAGER].worker.idle = None  # the stop comes before any idle work
+        first.app[keys.MANAGER].worker.idle_enabled = False  # the stop comes before any idle work
         converse(first.base, "p-1", "Which unit alarmed?")
         sibling = converse(first.base, "p-2", "Report unit 7.")
         n = sibling["prefix_shared_n"]

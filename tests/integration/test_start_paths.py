@@ -60,7 +60,7 @@ def held(gw: GatewayThread, sid: str) -> tuple[list[int], list[int], set[int]]:
         seq = engine.target_ctx.seq(slot)
         return set(seq_cells.parse(seq.save(), seq.id).positions.tolist())
 
-    cells = gw.call(manager.worker.call(read))
+    cells = gw.call(manager.worker.inspect(read))
     return list(session.kv.target.tokens), list(session.kv.target.kv_pos), cells
 
 

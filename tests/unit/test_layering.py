@@ -130,3 +130,53 @@ def test_gateway_meets_sessions_through_their_face(graph: dict[str, set[str]]) -
     reaching = sorted((a, b) for a, deps in graph.items() if a.startswith("gateway.") for b in deps
                       if (b.startswith("sessions.") and b not in SESSION_FACE) or b.startswith("core.runtime"))
     assert reaching == []
+
+
+def worker_door_uses(path: Path) -> list[tuple[int, str]]:
+    """Where ``path`` hands the model thread a callable: ``inspect(...)`` (the tests' door), an
+    assignment to a worker's ``idle``, or a lambda or nested function passed to ``call``,
+    ``post`` or ``turn`` on something named ``worker``."""
+    found = []
+    tree = ast.parse(path.read_text(), str(path))
+    local_defs = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = ast.unparse(node.func.value)
+            if node.func.attr == "inspect" and "worker" in target:
+                found.append((node.lineno, "inspect"))
+            elif node.func.attr in ("call", "post", "turn") and "worker" in target:
+                for arg in node.args:
+                    if isinstance(arg, ast.Lambda) or (isinstance(arg, ast.Name) and arg.id in local_defs):
+                        found.append((node.lineno, f"{node.func.attr}({ast.unparse(arg)})"))
+        elif isinstance(node, ast.Assign):
+            found += [(node.lineno, ast.unparse(t)) for t in node.targets
+                      if isinstance(t, ast.Attribute) and t.attr == "idle" and "worker" in ast.unparse(t.value)]
+    return sorted(found)
+
+
+def test_no_callable_crosses_from_the_event_loops_side_into_the_model_thread() -> None:
+    """sessions/ and gateway/ hand the model thread plain messages (core.runtime.messages)."""
+    crossing = [(str(p.relative_to(ROOT)), *use) for pkg in ("sessions", "gateway")
+                for p in sorted((ROOT / pkg).rglob("*.py")) for use in worker_door_uses(p)]
+    assert crossing == []
+
+
+def test_the_door_check_sees_a_closure(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("async def f(self, worker):\n    def g(e):\n        return e\n"
+                   "    await self.worker.call(lambda e: e)\n    await worker.call(g)\n    worker.post(Forget(x))\n"
+                   "    worker.idle = g\n    await self.worker.inspect(g)\n")
+    assert [u[1] for u in worker_door_uses(src)] == ["call(lambda e: e)", "call(g)", "worker.idle", "inspect"]
+
+
+def test_the_worker_refuses_a_callable_where_a_message_belongs() -> None:
+    import asyncio
+
+    from core.runtime.worker import ModelWorker
+
+    worker = ModelWorker.__new__(ModelWorker)
+    worker._engine = object()  # type: ignore[assignment]  # as if started: the type check comes first
+    with pytest.raises(TypeError, match="Render, Settle, Describe"):
+        asyncio.run(worker.call(lambda engine: engine))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Forget, Wake"):
+        worker.post(lambda engine: engine)  # type: ignore[arg-type]

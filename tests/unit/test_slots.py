@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import EngineError
-from sessions.kv.slot_table import SlotTable
+from core.kv.slot_table import SlotTable
 
 
 def test_a_holder_keeps_its_slot_between_turns():
