@@ -87,7 +87,7 @@ def run(engine_config: EngineConfig, out: Path, depths: tuple[int, ...] = (4096,
         for depth in depths:
             messages, last = context(engine, depth, seed)
             kv = SessionKV()
-            engine.slot_kv.load(None)
+            engine.slot_cells.load(None)
             for kind, (ask, forced) in asks(last).items():
                 constraint = tool_call([EDIT_TOOL], "Edit", False, SYNTAXES["qwen"]) if forced else None
                 prompt = engine.chat.render_chat([*messages, {"role": "user", "content": ask}], (EDIT_TOOL,),

@@ -36,7 +36,7 @@ from core.kv.positions import (
     SpeculatorSync,
     cached_indices,
 )
-from core.kv.slot_state import SlotKV
+from core.kv.slot_cells import SlotCells
 from core.llama import seq_cells
 from core.llama.capture import make_capture
 from core.llama.context import Context, Seq
@@ -119,7 +119,7 @@ class Engine:
             if not ctx.movable_labels:  # slots share cells, and no scratch sequence to move them apart
                 cost.move_s_per_cell = math.inf
         self.spec = Speculator(self.speculator_ctx, self.capture, self.costs, self._calls, self.window)
-        self.slot_kv = SlotKV(self.target_ctx, self.speculator_ctx, self.costs, self._calls)
+        self.slot_cells = SlotCells(self.target_ctx, self.speculator_ctx, self.costs, self._calls)
         if config.calibrate_tokens:
             self.calibrate(config.calibrate_tokens)
 

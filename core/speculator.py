@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from core.kv.positions import (
-    SeqState,
     SessionKV,
     SpeculatorSync,
+    TokenCells,
     cached_indices,
     plan_speculator_sync,
 )
@@ -27,7 +27,7 @@ from core.specprefill.prefill import sparse_prefill
 from core.steps import Tokens, TurnSteps
 
 
-def rollback(seq: Seq, kv: SeqState, n_keep: int) -> None:
+def rollback(seq: Seq, kv: TokenCells, n_keep: int) -> None:
     """Keep the longest common prefix ``n_keep`` and cut the cache after it."""
     if n_keep < len(kv.tokens):
         seq.remove_from(kv.truncate(n_keep))
@@ -87,7 +87,7 @@ class Speculator:
         t.lookahead_ms = (t2 - t1) * 1e3
         return steps
 
-    def sync(self, seq: Seq, kv: SeqState, tokens: Sequence[int], t: Timings,
+    def sync(self, seq: Seq, kv: TokenCells, tokens: Sequence[int], t: Timings,
                          sync: SpeculatorSync | None = None) -> TurnSteps[int]:
         """Bring the speculator's sequence to exactly ``tokens``, rebuilt as ``sync`` says;
         returns the next position.  Every such prefill also refreshes the measured
@@ -111,7 +111,8 @@ class Speculator:
             t.speculator_prefill_n += len(delta)
         return base + len(delta)
 
-    def _mirror(self, seq: Seq, kv: SeqState, history: Sequence[int], held: np.ndarray, t: Timings) -> TurnSteps[None]:
+    def _mirror(self, seq: Seq, kv: TokenCells, history: Sequence[int], held: np.ndarray,
+                t: Timings) -> TurnSteps[None]:
         """Empty the speculator's sequence and prefill only ``history[held]`` (the target's
         cells) at their logical positions, so later tokens attend to what the target kept."""
         seq.clear()

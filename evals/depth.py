@@ -157,9 +157,9 @@ class Conversation:
             n += 1
         end = prompt.spans[n - 1].end if n else 0
         ref, slot = self.kv["dense"], self.slot["dense"]
-        drive(self.engine.slot_kv.prefill_prefix(prompt.tokens[:end], ref, slot))
+        drive(self.engine.slot_cells.prefill_prefix(prompt.tokens[:end], ref, slot))
         for arm in self.arms[1:]:
-            self.engine.slot_kv.adopt_prefix(prompt.tokens, self.kv[arm], self.slot[arm], ref, slot)
+            self.engine.slot_cells.adopt_prefix(prompt.tokens, self.kv[arm], self.slot[arm], ref, slot)
         return end
 
     def idle(self, seconds: float) -> int:
@@ -169,7 +169,7 @@ class Conversation:
         for arm in self.arms[1:]:
             t0 = time.perf_counter()
             while time.perf_counter() - t0 < seconds:
-                step = self.engine.slot_kv.catch_up_speculator(self.kv[arm], self.slot[arm], 512)
+                step = self.engine.slot_cells.catch_up_speculator(self.kv[arm], self.slot[arm], 512)
                 if not step:
                     break
                 done += step

@@ -97,7 +97,7 @@ def at_context(target: str, speculator: str, n_ctx: int, setup: DecodeSetup) -> 
     try:
         prompt = prompt_of(engine, n_ctx)
         kv = SessionKV()
-        engine.slot_kv.load(None)
+        engine.slot_cells.load(None)
         warm = engine.run(prompt, turn(arms(setup)[1][1], 1), kv=kv)  # prefill both models
         progress(f"  {len(prompt)} tokens: target prefill {warm.timings.prompt_ms / 1e3:.1f} s, "
                  f"draft catch-up {warm.timings.draft_sync_ms / 1e3:.1f} s")

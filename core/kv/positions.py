@@ -22,7 +22,7 @@ import numpy as np
 from core.spans import common_prefix, runs
 
 
-def dense_prefix(state: SeqState, tokens: Sequence[int]) -> int:
+def dense_prefix(state: TokenCells, tokens: Sequence[int]) -> int:
     """How many leading ``tokens`` ``state`` holds, each cached at its own position (what
     another sequence can copy as is: no dropped token, no compacted position)."""
     n = min(len(state.tokens), len(tokens))
@@ -45,7 +45,7 @@ def speculator_backlog(kv: SessionKV, limit: int) -> tuple[int, list[int]]:
 
 
 @dataclass(slots=True)
-class SeqState:
+class TokenCells:
     """One model's view of a session: logical tokens and where each sits in the KV."""
 
     tokens: list[int] = field(default_factory=list)
@@ -82,15 +82,15 @@ class SeqState:
 class SessionKV:
     """Both models' views of one session's context."""
 
-    target: SeqState = field(default_factory=SeqState)
-    speculator: SeqState = field(default_factory=SeqState)
+    target: TokenCells = field(default_factory=TokenCells)
+    speculator: TokenCells = field(default_factory=TokenCells)
 
     def reset(self) -> None:
         self.target.reset()
         self.speculator.reset()
 
 
-def cached_indices(state: SeqState, n: int | None = None) -> list[int]:
+def cached_indices(state: TokenCells, n: int | None = None) -> list[int]:
     """The logical indices (of the first ``n``) that ``state`` holds, in cell order."""
     return [i for i, p in enumerate(state.kv_pos[:n]) if p >= 0]
 
@@ -114,7 +114,7 @@ class SpeculatorSync:
         return len(self.rebuild or ())
 
 
-def plan_speculator_sync(spec: SeqState, target: SeqState, tokens: Sequence[int], cost: Cost,
+def plan_speculator_sync(spec: TokenCells, target: TokenCells, tokens: Sequence[int], cost: Cost,
                          calls: Callable[[int], int],
                          bridge_s: Callable[[int], float] = lambda cells: 0.0) -> SpeculatorSync:
     """Rebuild the speculator as the target's mirror only when the new tokens' cheaper

@@ -4,7 +4,7 @@ Two conversations of one agent share their system prompt, then differ in the tas
 often repeat a long block after it: Claude Code sends its environment note (~2K tokens) as a
 second system message after the user's task.  The shared prefix is copied as is; the
 repeated block is in the donor's cache too, at other positions (the tasks differ in length),
-so it can be moved into place (SlotKV.splice) instead of prefilled.  llama-server's
+so it can be moved into place (SlotCells.splice) instead of prefilled.  llama-server's
 ``--cache-reuse`` shifts such runs only where the new prompt drops tokens, never where it
 inserts them, so it prefills this block again.
 """

@@ -61,7 +61,7 @@ def catch_up(res: Residency, engine: Engine, max_tokens: int) -> int:
     if best is None:
         return 0
     _, slot, session = best
-    done = engine.slot_kv.catch_up_speculator(session.kv, slot, max_tokens)
+    done = engine.slot_cells.catch_up_speculator(session.kv, slot, max_tokens)
     res.caught_up += done
     return done
 
@@ -77,7 +77,7 @@ def complete_prefix(res: Residency, engine: Engine) -> bool:
     for pending, with_scorer in ((prefixes.unfilled, False), (prefixes.lacking, True)):
         for key, (owner, tokens) in list(pending.items()):
             for slot, holder in res.idle_sessions():
-                blobs = engine.slot_kv.cut_prefix(tokens, slot, holder.kv, with_scorer) \
+                blobs = engine.slot_cells.cut_prefix(tokens, slot, holder.kv, with_scorer) \
                     if holder.owner == owner else None
                 if blobs is None:
                     continue
@@ -103,7 +103,7 @@ def checkpoint(res: Residency, engine: Engine) -> bool:
         if n != len(tokens) or not res.checkpoints.due(holder.key, n):
             continue
         with_scorer = dense_prefix(holder.kv.speculator, tokens) == n == len(holder.kv.speculator.tokens)
-        if res.checkpoints.write(holder.key, holder.owner, tokens, engine.slot_kv.save(slot, with_scorer)):
+        if res.checkpoints.write(holder.key, holder.owner, tokens, engine.slot_cells.save(slot, with_scorer)):
             log.info("session_checkpointed", session_id=holder.id, tokens=n, with_scorer=with_scorer)
             return True
     return False
@@ -143,7 +143,7 @@ def rewrite_held_reply(engine: Engine, idle: Sequence[tuple[int, Holder]], max_t
         held = session.kv.target.tokens
         if common_prefix(form, held) < min(session.last_prompt_n, len(held)):
             continue  # the history renders otherwise than the turn's prompt did: leave it
-        n = engine.slot_kv.rewrite_tail(session.kv, slot, form, max_tokens)
+        n = engine.slot_cells.rewrite_tail(session.kv, slot, form, max_tokens)
         log.info("held_reply_rewritten", session_id=session.id, prefilled=n, tokens=len(form))
         return n
     return None

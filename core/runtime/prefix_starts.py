@@ -72,7 +72,7 @@ def from_checkpoint(res: Residency, engine: Engine, session: Holder, prompt: Pro
     if checkpoints is None or found is None:
         return PrefixStart()
     held, n, blobs = found
-    if not engine.slot_kv.restore_prefix(blobs, prompt.tokens[:n], session.kv, slot, held):
+    if not engine.slot_cells.restore_prefix(blobs, prompt.tokens[:n], session.kv, slot, held):
         return PrefixStart()
     checkpoints.restored += 1
     log.info("session_restored_from_checkpoint", session_id=session.id, tokens=n, held=held)
@@ -108,7 +108,7 @@ def from_prefix(res: Residency, engine: Engine, owner: str, kv: SessionKV, promp
         yield Wait(lambda: not prefixes.building(key))
     blobs, evicted, source = prefixes.load(key)
     if blobs is not None:
-        if engine.slot_kv.restore_prefix(blobs, prompt.tokens[:n], kv, slot):
+        if engine.slot_cells.restore_prefix(blobs, prompt.tokens[:n], kv, slot):
             prefixes.note(key, owner, prompt.tokens[:n], blobs)
             prefixes.hits += 1
             return PrefixStart(shared=n, seconds=time.perf_counter() - t0, evicted=evicted, source=source,
@@ -119,7 +119,7 @@ def from_prefix(res: Residency, engine: Engine, owner: str, kv: SessionKV, promp
     prefixes.begin(key)
     built = None
     try:
-        built = yield from engine.slot_kv.prefill_prefix(prompt.tokens[:n], kv, slot)
+        built = yield from engine.slot_cells.prefill_prefix(prompt.tokens[:n], kv, slot)
     finally:
         evicted += prefixes.finish(key, built)
     log.info("prefix_cached", tokens=n)
@@ -159,17 +159,17 @@ def _from_conversation(res: Residency, engine: Engine, owner: str, kv: SessionKV
     lend, evicted = seat.slot, res.park(engine, seat)
     try:
         lender = SessionKV()
-        if not engine.slot_kv.restore_prefix(blobs, best[0], lender, lend):
+        if not engine.slot_cells.restore_prefix(blobs, best[0], lender, lend):
             log.warning("checkpoint_unloadable", tokens=len(best[0]))
             return PrefixStart(evicted=evicted)  # the turn prefills it all; the entry ages out
-        shared = engine.slot_kv.adopt_prefix(tokens, kv, slot, lender, lend)
+        shared = engine.slot_cells.adopt_prefix(tokens, kv, slot, lender, lend)
         # idle while the gap before a spliced run is prefilled: another turn may take it
         # (every running turn must find a slot), and the splice then finds it changed
         slots.release(lend)
         spliced, gap = yield from _splice(res, engine, kv, tokens, slot, lend, lender, "checkpoint")
     finally:
         if (mine := slots.find(lender_seat)) is not None:  # not taken meanwhile: emptied, freed
-            engine.slot_kv.load(None, mine)
+            engine.slot_cells.load(None, mine)
             slots.release(mine, keep=False)
     checkpoints.lent += 1
     log.info("prefix_lent_by_checkpoint", tokens=shared + spliced, spliced=spliced)
@@ -182,7 +182,7 @@ def _splice(res: Residency, engine: Engine, kv: SessionKV, tokens: tuple[int, ..
     """Past the adopted prefix, a run the donor holds further on (a sibling conversation's
     repeated block after its own task, core.kv.reuse) is moved into this prompt's place in
     the target: the tokens before it are prefilled first, then its cells spliced in
-    (SlotKV.splice).  The scorer is left behind there, to catch up later.  Returns
+    (SlotCells.splice).  The scorer is left behind there, to catch up later.  Returns
     (tokens spliced, tokens prefilled before them)."""
     if not res.splice_min_tokens:
         return 0, 0
@@ -201,7 +201,7 @@ def _splice(res: Residency, engine: Engine, kv: SessionKV, tokens: tuple[int, ..
             log.info("kv_splice_skipped", donor=donor_id, reason="the donor's slot changed during the gap")
             return 0, k - start
     try:
-        engine.slot_kv.splice(slot, donor_slot, j, k, n)
+        engine.slot_cells.splice(slot, donor_slot, j, k, n)
     except EngineError as exc:  # a model whose K cannot be moved, an unexpected state layout
         log.warning("kv_splice_failed", error=str(exc))
         return 0, k - start
@@ -216,7 +216,7 @@ def _adopt(res: Residency, engine: Engine, kv: SessionKV, tokens: tuple[int, ...
     if donor is None:
         return 0
     donor_slot, holder, _ = donor
-    shared = engine.slot_kv.adopt_prefix(tokens, kv, slot, holder.kv, donor_slot)
+    shared = engine.slot_cells.adopt_prefix(tokens, kv, slot, holder.kv, donor_slot)
     if shared:
         res.prefixes.adopted += 1
         log.info("session_prefix_shared", session_id=holder.id, tokens=shared, donor_slot=donor_slot)

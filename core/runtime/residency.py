@@ -53,7 +53,7 @@ class Residency:
         victim = seat.displaced
         if not isinstance(victim, Holder) or victim.deleted or victim.dropped:
             return []  # deleted, expired or moved away: nothing to keep
-        evicted = self.parked.put(victim.key, engine.slot_kv.save(seat.slot))  # deleted meanwhile: its drop follows
+        evicted = self.parked.put(victim.key, engine.slot_cells.save(seat.slot))  # deleted meanwhile: its drop follows
         for key in evicted:
             log.info("session_kv_evicted", session_key=key, spilled=self.parked.where(key) == "disk")
         return evicted
@@ -63,7 +63,7 @@ class Residency:
         ends and then gives it up (core.runtime.seating).  A deleted session's checkpoint
         goes too."""
         if (slot := self.slots.evict(session)) is not None:
-            engine.slot_kv.load(None, slot)
+            engine.slot_cells.load(None, slot)
         self.parked.discard(session.key)
         if self.checkpoints is not None and session.deleted:
             self.checkpoints.forget(session.key, session.owner)

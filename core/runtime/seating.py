@@ -42,7 +42,7 @@ def stateless(res: Residency, engine: Engine, work: TurnRequest) -> TurnSteps[Tu
     evicted = res.park(engine, seat)
     kv, start = SessionKV(), PrefixStart()
     try:
-        engine.slot_kv.load(None, seat.slot)
+        engine.slot_cells.load(None, seat.slot)
         start = yield from prefix_starts.from_prefix(res, engine, work.owner, kv, prompt, seat.slot)
         evicted += start.evicted
         result = yield from engine.turn(prompt, work.params, work.sink, kv=kv, slot=seat.slot)
@@ -71,7 +71,7 @@ def session_turn(res: Residency, engine: Engine, session: Holder, work: TurnRequ
                 session.rebuilds += 1
                 rebuilt = True
                 log.info("session_kv_rebuild", session_id=session.id)
-            engine.slot_kv.load(blobs, seat.slot)
+            engine.slot_cells.load(blobs, seat.slot)
             if blobs is None and rebuilt:
                 start = prefix_starts.from_checkpoint(res, engine, session, prompt, seat.slot)
             if blobs is None and not start.shared:
@@ -81,7 +81,7 @@ def session_turn(res: Residency, engine: Engine, session: Holder, work: TurnRequ
         result = yield from engine.turn(prompt, work.params, work.sink, kv=session.kv, slot=seat.slot)
     except BaseException:
         session.kv.reset()
-        engine.slot_kv.load(None, seat.slot)
+        engine.slot_cells.load(None, seat.slot)
         raise
     finally:
         res.slots.release(seat.slot, keep=not session.deleted)

@@ -132,7 +132,7 @@ def test_an_adopted_prefix_is_the_donors_even_when_its_slot_is_reloaded_at_once(
     """Between split KV streams llama.cpp only queues a sequence copy; it lands at the
     context's next decode.  Another key's KV loaded into the source slot before then (a
     parked session taking the slot in the same step) must not become the adopted prefix."""
-    from core.kv.slot_state import SlotKV
+    from core.kv.slot_cells import SlotCells
     from core.llama.context import Context
     from core.llama.model import Model
     from core.specprefill.cost_model import Costs
@@ -141,7 +141,7 @@ def test_an_adopted_prefix_is_the_donors_even_when_its_slot_is_reloaded_at_once(
     ctx = Context(model, n_ctx=512, n_batch=128, n_ubatch=128, n_threads=2, flash_attn=True, n_seq=3,
                   unified=unified)
     try:
-        kv = SlotKV(ctx, ctx, Costs(), lambda n: 1)
+        kv = SlotCells(ctx, ctx, Costs(), lambda n: 1)
         donor_tokens = list(range(300, 400))
         ctx.seq(0).decode(donor_tokens, 0, logits_last=False)
         ctx.seq(2).decode(list(range(1000, 1150)), 0, logits_last=False)  # another key's session

@@ -1,5 +1,5 @@
 """A run of saved KV cells moved to another position (core.kv.rope, core.llama.seq_cells,
-SlotKV.splice), checked against llama.cpp's own K-shift on real models: NEOX (the Qwen-derived
+SlotCells.splice), checked against llama.cpp's own K-shift on real models: NEOX (the Qwen-derived
 tiny target) and NORM (SmolLM2) rotary layouts, V stored plain and transposed."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from core.errors import EngineError
 from core.kv.positions import SessionKV
-from core.kv.slot_state import SlotKV
+from core.kv.slot_cells import SlotCells
 from core.llama import seq_cells
 from core.llama.context import Context
 from core.llama.model import Model
@@ -39,7 +39,7 @@ def test_a_moved_run_attends_as_llama_cpps_k_shift_makes_it(model, flash_attn, u
     ctx = Context(model, n_ctx=512, n_batch=128, n_ubatch=128, n_threads=2, flash_attn=flash_attn, n_seq=3,
                   unified=unified)
     try:
-        kv = SlotKV(ctx, ctx, Costs(), lambda n: 1)
+        kv = SlotCells(ctx, ctx, Costs(), lambda n: 1)
         src, ref, mine = ctx.seq(0), ctx.seq(1), ctx.seq(2)
         for seq in (src, ref):
             seq.decode(X + Z, 0, logits_last=False)
@@ -83,7 +83,7 @@ def test_a_run_the_donor_does_not_hold_whole_is_refused(tiny_target, unified):
     ctx = Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, flash_attn=True, n_seq=2,
                   unified=unified)
     try:
-        kv = SlotKV(ctx, ctx, Costs(), lambda n: 1)
+        kv = SlotCells(ctx, ctx, Costs(), lambda n: 1)
         ctx.seq(0).decode(X, 0, logits_last=False)
         ctx.seq(1).decode(X[:8], 0, logits_last=False)
         with pytest.raises(EngineError, match="every position"):
@@ -103,7 +103,7 @@ def test_a_prefix_cut_from_a_resident_session_leaves_it_as_it_was(tiny_target, u
     ctx = Context(model, n_ctx=256, n_batch=64, n_ubatch=64, n_threads=2, flash_attn=True, n_seq=2,
                   unified=unified)
     try:
-        kv = SlotKV(ctx, ctx, Costs(), lambda n: 1)
+        kv = SlotCells(ctx, ctx, Costs(), lambda n: 1)
         holder = SessionKV()
         ctx.seq(0).decode(X + Z, 0, logits_last=False)
         holder.target.extend(X + Z, range(len(X) + len(Z)))

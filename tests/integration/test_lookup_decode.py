@@ -27,7 +27,7 @@ def copy_prompt(engine):
 
 
 def run(engine, prompt, **decoding):
-    engine.slot_kv.load(None)
+    engine.slot_cells.load(None)
     params = with_sampling(policy(enabled=False, **decoding), SamplingParams(max_tokens=120))
     return engine.run(prompt, params, kv=SessionKV())
 
@@ -50,14 +50,14 @@ def test_under_a_grammar_the_reply_is_plain_constrained_decodings(smol_engine):
     sampling = SamplingParams(max_tokens=80, constraint=constraint)
     outs = []
     for extra in ({}, {"lookup": True}):
-        smol_engine.slot_kv.load(None)
+        smol_engine.slot_cells.load(None)
         outs.append(smol_engine.run(prompt, with_sampling(policy(enabled=False, **extra), sampling), kv=SessionKV()))
     assert outs[1].tokens == outs[0].tokens and outs[1].text.startswith("<tool_call>")
 
 
 def test_sampled_replies_run_and_nothing_to_copy_decodes_as_plain(smol_engine):
     prompt = copy_prompt(smol_engine)
-    smol_engine.slot_kv.load(None)
+    smol_engine.slot_cells.load(None)
     sampled = smol_engine.run(prompt, with_sampling(policy(enabled=False, lookup=True),
                                                     SamplingParams(max_tokens=60, temperature=0.8, seed=3)),
                               kv=SessionKV())
@@ -83,7 +83,7 @@ def test_drafts_the_grammar_forbids_are_rejected_and_the_call_goes_on(smol_engin
     sampling = SamplingParams(max_tokens=60, constraint=tool_call(tools, "copy", False, SYNTAXES["qwen"]))
     outs = []
     for extra in ({}, {"lookup": True}):
-        smol_engine.slot_kv.load(None)
+        smol_engine.slot_cells.load(None)
         outs.append(smol_engine.run(prompt, with_sampling(policy(enabled=False, **extra), sampling), kv=SessionKV()))
     assert outs[0].text.startswith('<tool_call>\n{"name": "copy"') and len(outs[0].tokens) > 12
     assert outs[1].timings.speculative.n_drafted > 0

@@ -18,7 +18,7 @@ def test_a_long_dense_turn_prefills_its_scorer_too_and_the_next_turn_scores_only
     lagging, ahead = SessionKV(), SessionKV()
     one = SamplingParams(max_tokens=1)
     for kv, tokens in ((lagging, 0), (ahead, 256)):
-        tiny_engine.slot_kv.load(None)
+        tiny_engine.slot_cells.load(None)
         dense_first = policy(min_tokens=100_000, break_even=False, scorer_ahead_tokens=tokens)
         r = tiny_engine.run(first, with_sampling(dense_first, one), kv=kv)
         assert r.timings.specprefill == "skipped_min_tokens" and r.timings.prompt_n == len(first)
@@ -31,7 +31,7 @@ def test_a_long_dense_turn_prefills_its_scorer_too_and_the_next_turn_scores_only
     reply = tiny_engine.target.detokenize(list(r.tokens))
     second = chat.render([{"role": "system", "content": DOC}, {"role": "user", "content": "Which valve?"},
                           {"role": "assistant", "content": reply}, {"role": "user", "content": "And unit 4?"}])
-    tiny_engine.slot_kv.load(None)
+    tiny_engine.slot_cells.load(None)
     kv = SessionKV()
     tiny_engine.run(first, with_sampling(policy(min_tokens=100_000, scorer_ahead_tokens=256), one), kv=kv)
     scored = tiny_engine.run(second, with_sampling(policy(min_tokens=0, break_even=False), one), kv=kv)
@@ -45,7 +45,7 @@ def test_a_sibling_that_prefills_a_few_tokens_leaves_its_scorer_to_idle_time(tin
     chat = ChatTemplate(tiny_engine.target)
     prompt = chat.render([{"role": "system", "content": DOC}, {"role": "user", "content": "Which valve?"}])
     kv = SessionKV()
-    tiny_engine.slot_kv.load(None)
+    tiny_engine.slot_cells.load(None)
     tiny_engine.run(prompt, with_sampling(policy(enabled=False), SamplingParams(max_tokens=1)), kv=kv)
     assert len(kv.speculator.tokens) == 0  # a dense turn with SpecPrefill off: no scorer
     follow = chat.render([{"role": "system", "content": DOC}, {"role": "user", "content": "Which valve? Quick."}])

@@ -138,7 +138,7 @@ def test_the_scratch_holds_the_sinks_and_the_window_alone_and_computes_what_the_
 def test_a_long_turn_scores_through_the_window_and_the_next_turn_reuses_it(window_engine):
     e = window_engine
     chat, kv = ChatTemplate(e.target), SessionKV()
-    e.slot_kv.load(None)
+    e.slot_cells.load(None)
     msgs = [{"role": "user", "content": " ".join(doc(i, 30) for i in range(4)) + " Which sensor read most?"}]
     prompt = chat.render(msgs)
     assert len(prompt) > SINKS + WINDOW + e.config.n_batch

@@ -23,7 +23,7 @@ def test_kept_tokens_form_whole_lines_and_kept_defs_their_blocks(tiny_engine):
     line_of = np.cumsum([p.count(b"\n") for p in pieces]) - np.array([p.count(b"\n") for p in pieces])
     alone = {"code_skeleton": False, "named_lines": False}  # the skeleton's def lines open no block
     for flags in ({"whole_lines": True, **alone}, {"whole_lines": True, "code_blocks": True, **alone}):
-        tiny_engine.slot_kv.load(None)
+        tiny_engine.slot_cells.load(None)
         res = tiny_engine.run(prompt, with_sampling(forced(mass=0.3, **flags), SamplingParams(max_tokens=1)))
         kept = np.zeros(len(prompt), dtype=bool)
         kept[res.kept] = True
@@ -53,7 +53,7 @@ def test_a_function_the_request_names_is_kept_whole_from_the_file_read(tiny_engi
     pieces = [tiny_engine.target.token_bytes(t) for t in prompt.tokens]
     texts = {}
     for named in (False, True):
-        tiny_engine.slot_kv.load(None)
+        tiny_engine.slot_cells.load(None)
         res = tiny_engine.run(prompt, with_sampling(forced(mass=0.1, named_lines=named), SamplingParams(max_tokens=1)))
         kept = np.zeros(len(prompt), dtype=bool)
         kept[res.kept] = True

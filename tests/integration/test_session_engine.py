@@ -44,7 +44,7 @@ def test_second_turn_prefills_only_the_delta(tiny_engine):
 def second_turn_prefills_only_the_delta(tiny_engine):
     chat = ChatTemplate(tiny_engine.target)
     kv = SessionKV()
-    tiny_engine.slot_kv.load(None)
+    tiny_engine.slot_cells.load(None)
     t1 = chat.render(conversation(1, [])[0])
     r1 = tiny_engine.run(t1, with_sampling(SPARSE, GREEDY), kv=kv)
     assert r1.timings.speculator_cache_n == 0 and r1.timings.speculator_prefill_n == len(t1)
@@ -68,7 +68,7 @@ def test_keep_all_session_matches_fresh_requests(smol_engine):
     tiny_engine = smol_engine
     chat = ChatTemplate(tiny_engine.target)
     kv = SessionKV()
-    tiny_engine.slot_kv.load(None)
+    tiny_engine.slot_cells.load(None)
     replies: list[str] = []
     session_out, fresh_out = [], []
     for i in range(3):
@@ -88,7 +88,7 @@ def test_edited_history_rolls_back_to_common_prefix(smol_engine):
     tiny_engine = smol_engine
     chat = ChatTemplate(tiny_engine.target)
     kv = SessionKV()
-    tiny_engine.slot_kv.load(None)
+    tiny_engine.slot_cells.load(None)
     first = conversation(1, [])[0]
     tiny_engine.run(chat.render(first), with_sampling(KEEP_ALL, GREEDY), kv=kv)
     edited = [first[0], {"role": "user", "content": doc(9) + " Which sensor read least?"}]
@@ -106,14 +106,14 @@ def test_saved_kv_restores_the_session(smol_engine):
     chat = ChatTemplate(tiny_engine.target)
     kv_a, kv_b = SessionKV(), SessionKV()
     conv = conversation(2, ["Sensor 4."])
-    tiny_engine.slot_kv.load(None)
+    tiny_engine.slot_cells.load(None)
     tiny_engine.run(chat.render(conv[0]), with_sampling(KEEP_ALL, GREEDY), kv=kv_a)
-    saved = tiny_engine.slot_kv.save()
+    saved = tiny_engine.slot_cells.save()
     assert len(saved[0]) > 0 and len(saved[1]) > 0
-    tiny_engine.slot_kv.load(None)
+    tiny_engine.slot_cells.load(None)
     other = chat.render([{"role": "user", "content": "Other session."}])
     tiny_engine.run(other, with_sampling(KEEP_ALL, GREEDY), kv=kv_b)
-    tiny_engine.slot_kv.load(saved)
+    tiny_engine.slot_cells.load(saved)
     prompt = chat.render(conv[1])
     resumed = tiny_engine.run(prompt, with_sampling(KEEP_ALL, GREEDY), kv=kv_a)
     assert resumed.timings.cache_n > 0
@@ -139,7 +139,7 @@ def speculator_costs(engine, coef: tuple[float, float, float]):
 def sparse_first_turn(engine) -> tuple[SessionKV, Prompt]:
     """A fresh session after one sparse turn, and the next turn's prompt."""
     chat, kv = ChatTemplate(engine.target), SessionKV()
-    engine.slot_kv.load(None)
+    engine.slot_cells.load(None)
     r1 = engine.run(chat.render(conversation(1, [])[0]), with_sampling(SPARSE, GREEDY), kv=kv)
     assert r1.timings.specprefill == "active" and r1.timings.speculator_mirrored_n == 0
     assert cached_indices(kv.target) != list(range(len(kv.target.tokens)))  # the target dropped part of it

@@ -124,7 +124,7 @@ def test_sparse_view_never_corrupts_the_session(smol_pair_engine, p):
     gives a fresh dense prefill's logits."""
     e = smol_pair_engine
     kv = SessionKV()
-    e.slot_kv.load(None)
+    e.slot_cells.load(None)
     prompt = e.chat.render(STORY).tokens
     first = run(e, STORY, policy(enabled=False, specattn=True, specattn_p=p), SamplingParams(max_tokens=30),
                 kv=kv)
@@ -240,7 +240,7 @@ def test_speculative_decoding_on_a_mirrored_draft_equals_plain_decoding(smol_pai
 
     e = smol_pair_engine
     kv = SessionKV()
-    e.slot_kv.load(None)
+    e.slot_cells.load(None)
     sparse = forced(mass=0.5, guard_user_tokens=16)
     doc = " ".join(f"Entry {k}: the pump at site {k % 7} logged {k * 13 % 97} litres." for k in range(40))
     msgs = [{"role": "user", "content": doc + " Which site logged most?"}]
@@ -253,10 +253,10 @@ def test_speculative_decoding_on_a_mirrored_draft_equals_plain_decoding(smol_pai
         e.costs.speculator = saved_cost
     assert r2.timings.speculator_mirrored_n > 0 and -1 in kv.speculator.kv_pos
     msgs += [{"role": "assistant", "content": r2.text}, {"role": "user", "content": "Tell me a story about it."}]
-    blobs, kv_copy = e.slot_kv.save(), SessionKV(copy.deepcopy(kv.target), copy.deepcopy(kv.speculator))
+    blobs, kv_copy = e.slot_cells.save(), SessionKV(copy.deepcopy(kv.target), copy.deepcopy(kv.speculator))
     greedy = SamplingParams(max_tokens=40)
     plain = run(e, msgs, PLAIN, greedy, kv_copy)
-    e.slot_kv.load(blobs)
+    e.slot_cells.load(blobs)
     speculative = run(e, msgs, decoding, greedy, kv)
     assert speculative.tokens == plain.tokens
     t = speculative.timings.speculative

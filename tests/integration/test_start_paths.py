@@ -149,9 +149,9 @@ def test_a_start_after_a_restart_keeps_its_prefix_through_specprefill(small_mode
 def test_the_check_sees_a_start_path_that_drops_prefix_cells(small_model, monkeypatch):
     """The same check on a deliberately broken adoption (half the adopted cells removed, the
     bookkeeping left claiming them): it fails, so the tests above can."""
-    from core.kv.slot_state import SlotKV
+    from core.kv.slot_cells import SlotCells
 
-    adopt = SlotKV.adopt_prefix
+    adopt = SlotCells.adopt_prefix
 
     def broken(self, tokens, kv, slot, donor, donor_slot, min_tokens=32):
         n = adopt(self, tokens, kv, slot, donor, donor_slot, min_tokens)
@@ -159,7 +159,7 @@ def test_the_check_sees_a_start_path_that_drops_prefix_cells(small_model, monkey
             self.target_ctx.seq(slot).remove(n // 2, n // 2 + 8)
         return n
 
-    monkeypatch.setattr(SlotKV, "adopt_prefix", broken)
+    monkeypatch.setattr(SlotCells, "adopt_prefix", broken)
     gw = start_gateway(small_model, small_model, engine={"slots": 3}, splice_min_tokens=0, api_keys=KEYS)
     try:
         dense = first_token_dense(gw, TASK)

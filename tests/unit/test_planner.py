@@ -4,7 +4,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from core.kv.positions import SeqState, cached_indices, plan_speculator_sync
+from core.kv.positions import TokenCells, cached_indices, plan_speculator_sync
 from core.policies import PrefillPolicy
 from core.prompt import Prompt, Span
 from core.results import Status
@@ -237,11 +237,11 @@ def test_one_contended_measurement_does_not_teach_the_planner_that_scoring_is_de
 
 # -- the speculator mirroring the target (core.kv.positions.plan_speculator_sync) ----------
 
-def sparse_session(n_history: int, kept_every: int) -> tuple[SeqState, SeqState]:
+def sparse_session(n_history: int, kept_every: int) -> tuple[TokenCells, TokenCells]:
     """A session after one active turn: the speculator holds all ``n_history`` tokens, the
     target every ``kept_every``-th one and the last 10 (the reply)."""
     tokens = list(range(n_history))
-    spec, target = SeqState(), SeqState()
+    spec, target = TokenCells(), TokenCells()
     spec.extend(tokens, range(n_history))
     target.extend(tokens, [i if i % kept_every == 0 or i >= n_history - 10 else -1 for i in tokens])
     return spec, target

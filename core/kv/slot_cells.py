@@ -22,7 +22,7 @@ from core.steps import Tokens, TurnSteps
 SPLICE_BUFFER = 64 << 20  # a ~2K-token run of the 1.5B target's f16 KV is ~60 MB
 
 
-class SlotKV:
+class SlotCells:
     def __init__(self, target_ctx: Context, speculator_ctx: Context, costs: Costs,
                  calls: Callable[[int], int]) -> None:
         self.target_ctx, self.speculator_ctx, self.costs, self.calls = target_ctx, speculator_ctx, costs, calls
