@@ -10,7 +10,7 @@ import llama_cpp
 import numpy as np
 
 from core.errors import EngineError, PromptTooLong, TurnCancelled
-from core.llama import seq_cells, seq_state
+from core.llama import seq_cells
 from core.llama.capture import AttentionCapture, QKCapture
 from core.llama.model import Model
 
@@ -154,7 +154,7 @@ class Context:
             llama_cpp.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
             return
         state = Seq(self, src).save_to(self.move_buffer)
-        Seq(self, dst).load_buffer(seq_state.restream_in_place(state, dst))
+        Seq(self, dst).load_buffer(seq_cells.restream_in_place(state, dst))
 
     # -- decoding -----------------------------------------------------------
     def decode(self, tokens: Sequence[int], start_pos: int, logits_last: bool = True,
@@ -292,7 +292,7 @@ class Seq:
 
     def move(self, moves: Mapping[int, int]) -> None:
         """Relabel the cells at positions ``moves`` keys with the values, leaving their K as
-        it is (core.llama.seq_state): a sparse prefill's bridge without a K-shift of the
+        it is (core.llama.seq_cells): a sparse prefill's bridge without a K-shift of the
         whole context.  Where cells are private this copies the sequence's cells out and
         back.  Where slots share cells only the moved cells go, through the scratch
         sequence (tagged there, untagged here, relabelled there as new cells, tagged here
@@ -322,7 +322,7 @@ class Seq:
         sequence where cells are private, and fresh pages for it cost more than the copy."""
         seq = Seq(self.ctx, seq_id)
         state = seq.save_to(self.ctx.move_buffer)
-        seq_state.move_cells(np.frombuffer(state, dtype=np.uint8), seq_id, moves)
+        seq_cells.move_cells(np.frombuffer(state, dtype=np.uint8), seq_id, moves)
         seq.load_buffer(state)
 
     def make_view(self, spans: Sequence[tuple[int, int]]) -> None:
@@ -356,8 +356,8 @@ class Seq:
     def load_from(self, other: Seq) -> None:
         """Replace this sequence's cells with ``other``'s, which may be in another context
         of the same model and cache types: a copy through the saved state, laid out for
-        this context's streams (core.llama.seq_state.restream)."""
-        self.load(seq_state.restream(other.save(), other.id, self.ctx.n_stream, self.stream))
+        this context's streams (core.llama.seq_cells.restream)."""
+        self.load(seq_cells.restream(other.save(), other.id, self.ctx.n_stream, self.stream))
 
     def state_size(self) -> int:
         """The bytes :meth:`save` would write."""

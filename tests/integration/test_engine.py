@@ -70,7 +70,7 @@ def test_bridge_gives_different_state_than_compact(tiny_engine):
 
 
 def cell_positions_of(seq) -> list[int]:
-    from core.llama.seq_state import cell_positions
+    from core.llama.seq_cells import cell_positions
     return sorted(cell_positions(np.frombuffer(bytearray(seq.save()), dtype=np.uint8), seq.id).tolist())
 
 

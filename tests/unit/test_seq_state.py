@@ -1,10 +1,10 @@
-"""core.llama.seq_state: moving cells' position labels in a saved sequence state."""
+"""core.llama.seq_cells: moving cells' position labels in a saved sequence state."""
 
 import numpy as np
 import pytest
 
 from core.errors import EngineError
-from core.llama.seq_state import MAGIC, cell_positions, move_cells, restream
+from core.llama.seq_cells import MAGIC, cell_positions, move_cells, restream
 
 
 def blob(seq_id: int, positions: list[int], stream: int = 0, n_stream: int = 1) -> np.ndarray:
