@@ -46,7 +46,7 @@ from core.models import model_files, prefill_settings
 from core.models.scorer_cuts import scoring_model
 from core.policies import DecodeMode, DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams
 from core.prompt import Prompt
-from core.results import Result, Status, Timings
+from core.results import PrefixStart, Result, Status, Timings
 from core.scoring_window import ScoringWindow
 from core.spans import common_prefix, runs
 from core.specprefill import guard as tool_guard
@@ -272,12 +272,16 @@ class Engine:
             self.target_ctx.abort = self.speculator_ctx.abort = None
 
     def turn(self, prompt: Prompt, params: TurnParams, on_text: OnText | None = None,
-             kv: SessionKV | None = None, slot: int = 0) -> TurnSteps[Result]:
+             kv: SessionKV | None = None, slot: int = 0, checked: bool = False,
+             start: PrefixStart | None = None) -> TurnSteps[Result]:
         """One turn in ``slot``.  With ``kv`` (the session whose KV the slot holds) only
         the delta against the session's tokens is prefilled; without it, the slot is
-        emptied first."""
+        emptied first.  ``checked``: the caller checked the turn (``check_turn``) already.
+        ``start``: how the session's KV started this turn (core.runtime.seating), counted in
+        the timings returned."""
+        if not checked:
+            self.check_turn(prompt, params)
         params = self._pick_decoding(params, prompt)
-        self.check_turn(prompt, params)
         persistent = kv is not None
         if kv is None:
             kv = SessionKV()
@@ -329,6 +333,8 @@ class Engine:
             # later turn scores: never on this reply's path
             context = tokens + tuple(gen.tokens[: gen.n_decoded])
             t.speculator_deferred_n = len(context) - common_prefix(kv.speculator.tokens, context)
+        if start is not None:
+            start.account(t)
         return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q, gen.stop_sequence)
 
     def _scores_ahead(self, policy: PrefillPolicy, kv: SessionKV, tokens: tuple[int, ...], dense: int) -> bool:

@@ -146,6 +146,34 @@ class Timings:
 
 
 @dataclass(slots=True)
+class PrefixStart:
+    """How a session without KV started: tokens restored or adopted, or built for the cache."""
+
+    shared: int = 0
+    built: int = 0
+    seconds: float = 0.0  # restoring, waiting for or building the prefix (part of the TTFT)
+    evicted: list[str] = field(default_factory=list)
+    source: str = ""  # resident, ram, tier, checkpoint or built (Timings.prefix_source)
+    loaded_bytes: int = 0  # KV bytes read back (RAM or the tier)
+    spliced: int = 0  # of ``shared``, tokens moved in from a run the donor holds elsewhere
+    gap: int = 0  # tokens prefilled before that run (the engine finds them cached: they were not)
+    rebuilt: bool = False  # the session's KV was dropped and is rebuilt (Timings.kv_rebuilt)
+
+    def account(self, t: Timings) -> None:
+        """Into the turn's timings, by the engine before it returns them: it found a built
+        prefix in the slot as cached, but it was prefilled."""
+        t.kv_rebuilt = self.rebuilt
+        t.prefix_shared_n, t.prefix_built_n, t.prefix_spliced_n = self.shared, self.built, self.spliced
+        if self.shared or self.built:
+            t.prefix_source, t.prefix_ms, t.prefix_bytes = self.source, self.seconds * 1e3, self.loaded_bytes
+        t.cache_n -= self.built + self.gap
+        t.speculator_cache_n -= self.built
+        t.prompt_n += self.built + self.gap
+        t.speculator_prefill_n += self.built
+        t.ttft_ms += self.seconds * 1e3
+
+
+@dataclass(slots=True)
 class Result:
     text: str
     finish_reason: str  # stop | length | cancelled

@@ -31,6 +31,7 @@ class TurnRequest:
     cancel: threading.Event = field(default_factory=threading.Event)  # stops prefill between chunks, and decoding
     sink: OnText | None = None  # the model thread hands it each text piece; False back stops the turn
     prompt: Prompt | None = None  # already rendered
+    checked: bool = False  # ``prompt`` was checked against the context when rendered: not checked again
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def render(self, engine: Engine) -> Prompt:

@@ -98,7 +98,8 @@ class TurnRunner:
     def start(self, request: ChatRequest, session: Session | None, owner: str, request_id: str | None = None,
               prompt: Prompt | None = None) -> Turn:
         """Claim the session and queue the turn; raises (409, 503, 429) before anything runs.
-        ``prompt``: the request already rendered (see :meth:`conversation_for`)."""
+        ``prompt``: the request already rendered and checked (``SessionManager.render``, see
+        :meth:`conversation_for`): the model thread does not check it again."""
         if self.draining:
             raise ShuttingDown("the server is shutting down; retry on another replica")
         self.manager.admit()
@@ -113,7 +114,7 @@ class TurnRunner:
             loop.call_soon_threadsafe(turn.queue.put_nowait, piece)
             return True
 
-        work = to_turn(request, owner, cancel=turn.cancel, sink=on_text, prompt=prompt)
+        work = to_turn(request, owner, cancel=turn.cancel, sink=on_text, prompt=prompt, checked=prompt is not None)
         turn.task = asyncio.create_task(self._run(turn, work))
         self.turns.add(turn)
         turn.task.add_done_callback(lambda _: self._finished(turn))
@@ -170,5 +171,5 @@ class TurnRunner:
 
 
 def to_turn(request: ChatRequest, owner: str, **how: Any) -> TurnRequest:
-    """The wire request as the layers below take it (``how``: cancel, sink, prompt)."""
+    """The wire request as the layers below take it (``how``: cancel, sink, prompt, checked)."""
     return TurnRequest(owner, request.messages, request.tools, request.params, **how)

@@ -12,7 +12,6 @@ turn builds it, or built if it is frequent.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -22,7 +21,7 @@ from core.kv.positions import SessionKV, dense_prefix
 from core.kv.reuse import find_run
 from core.kv.stores import Holder
 from core.prompt import Prompt
-from core.results import Timings
+from core.results import PrefixStart
 from core.runtime.residency import Residency
 from core.steps import Tokens, TurnSteps, Wait
 
@@ -37,31 +36,6 @@ def system_end(prompt: Prompt) -> int:
     """Where the prompt's leading system message (with the tools the template puts there)
     ends; 0 without one."""
     return prompt.spans[0].end if prompt.spans and prompt.spans[0].role == "system" else 0
-
-
-@dataclass(slots=True)
-class PrefixStart:
-    """How a session without KV started: tokens restored or adopted, or built for the cache."""
-
-    shared: int = 0
-    built: int = 0
-    seconds: float = 0.0  # restoring, waiting for or building the prefix (part of the TTFT)
-    evicted: list[str] = field(default_factory=list)
-    source: str = ""  # resident, ram, tier, checkpoint or built (Timings.prefix_source)
-    loaded_bytes: int = 0  # KV bytes read back (RAM or the tier)
-    spliced: int = 0  # of ``shared``, tokens moved in from a run the donor holds elsewhere
-    gap: int = 0  # tokens prefilled before that run (the engine finds them cached: they were not)
-
-    def account(self, t: Timings) -> None:
-        """The engine counts a built prefix as cached (it found it in the slot): it was prefilled."""
-        t.prefix_shared_n, t.prefix_built_n, t.prefix_spliced_n = self.shared, self.built, self.spliced
-        if self.shared or self.built:
-            t.prefix_source, t.prefix_ms, t.prefix_bytes = self.source, self.seconds * 1e3, self.loaded_bytes
-        t.cache_n -= self.built + self.gap
-        t.speculator_cache_n -= self.built
-        t.prompt_n += self.built + self.gap
-        t.speculator_prefill_n += self.built
-        t.ttft_ms += self.seconds * 1e3
 
 
 def from_checkpoint(res: Residency, engine: Engine, session: Holder, prompt: Prompt, slot: int) -> PrefixStart:

@@ -13,9 +13,9 @@ import structlog
 from core.errors import TurnCancelled
 from core.kv.positions import SessionKV
 from core.kv.stores import Holder
-from core.results import Result
+from core.prompt import Prompt
+from core.results import PrefixStart, Result
 from core.runtime import prefix_starts
-from core.runtime.prefix_starts import PrefixStart
 from core.runtime.residency import Residency
 from core.steps import TurnSteps
 from core.turn_request import TurnRequest
@@ -32,12 +32,20 @@ class TurnOutcome:
     evicted: list[str]  # keys of sessions whose parked KV was evicted to make room for this turn
 
 
+def checked(engine: Engine, work: TurnRequest) -> Prompt:
+    """The turn's prompt, checked against the context once: when it was rendered on the
+    request's way in (``work.checked``), or here, before any slot is touched."""
+    prompt = work.render(engine)
+    if not work.checked:
+        engine.check_turn(prompt, work.params)
+    return prompt
+
+
 def stateless(res: Residency, engine: Engine, work: TurnRequest) -> TurnSteps[TurnOutcome]:
     """A turn with no session: a slot for its length, from a shared prefix, emptied after."""
     if work.cancel.is_set():
         raise TurnCancelled("the client left before the turn started")
-    prompt = work.render(engine)
-    engine.check_turn(prompt, work.params)  # before another session's KV is disturbed
+    prompt = checked(engine, work)  # before another session's KV is disturbed
     seat = res.slots.seat(object())
     evicted = res.park(engine, seat)
     kv, start = SessionKV(), PrefixStart()
@@ -45,10 +53,10 @@ def stateless(res: Residency, engine: Engine, work: TurnRequest) -> TurnSteps[Tu
         engine.slot_cells.load(None, seat.slot)
         start = yield from prefix_starts.from_prefix(res, engine, work.owner, kv, prompt, seat.slot)
         evicted += start.evicted
-        result = yield from engine.turn(prompt, work.params, work.sink, kv=kv, slot=seat.slot)
+        result = yield from engine.turn(prompt, work.params, work.sink, kv=kv, slot=seat.slot, checked=True,
+                                        start=start)
     finally:
         res.slots.release(seat.slot, keep=False)
-    start.account(result.timings)
     return TurnOutcome(result, evicted)
 
 
@@ -57,8 +65,7 @@ def session_turn(res: Residency, engine: Engine, session: Holder, work: TurnRequ
     used idle one (that session's KV parked first) with its KV restored or started."""
     if work.cancel.is_set():
         raise TurnCancelled("the turn was cancelled before it started")
-    prompt = work.render(engine)
-    engine.check_turn(prompt, work.params)  # a bad request must not cost the session its cache
+    prompt = checked(engine, work)  # a bad request must not cost the session its cache
     seat = res.slots.seat(session)
     evicted = res.park(engine, seat)
     rebuilt, start = False, PrefixStart()
@@ -78,13 +85,13 @@ def session_turn(res: Residency, engine: Engine, session: Holder, work: TurnRequ
                 start = yield from prefix_starts.from_prefix(res, engine, session.owner, session.kv, prompt,
                                                              seat.slot)
                 evicted += start.evicted
-        result = yield from engine.turn(prompt, work.params, work.sink, kv=session.kv, slot=seat.slot)
+        start.rebuilt = rebuilt
+        result = yield from engine.turn(prompt, work.params, work.sink, kv=session.kv, slot=seat.slot,
+                                       checked=True, start=start)
     except BaseException:
         session.kv.reset()
         engine.slot_cells.load(None, seat.slot)
         raise
     finally:
         res.slots.release(seat.slot, keep=not session.deleted)
-    result.timings.kv_rebuilt = rebuilt
-    start.account(result.timings)
     return TurnOutcome(result, evicted)
