@@ -72,6 +72,18 @@ def opencode(base: str, repo: Path, prompt: str, n_ctx: int) -> subprocess.Compl
     return run("opencode", "run", "-m", "specgate/specgate", prompt, cwd=repo, env={})
 
 
+def launch(base: str, repo: Path, agent: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``specgate launch AGENT ARGS`` against ``base``: the agent set up from the server's
+    ``/v1/models`` alone, in its private config folder under the scratch home."""
+    home = str(repo.parent / "home")
+    base_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE_", "CODEX_", "OPENCODE_"))}
+    env = {**base_env, "HOME": home, "PWD": str(repo), "IS_SANDBOX": "1"}
+    cmd = [str(ROOT / ".venv" / "bin" / "specgate"), "launch", "--url", base, "--api-key", "sk-test", agent, *args]
+    return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=900,
+                          stdin=subprocess.DEVNULL)
+
+
 def json_lines(text: str) -> list[dict[str, Any]]:
     """The JSON objects among ``text``'s lines (a CLI's ``--json`` output, a server's log)."""
     out = []

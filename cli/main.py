@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     # benches and evals import only their argument definitions here; their heavy
     # dependencies load when they run
     from bench import cli as bench_cli
-    from cli import calibrate, prefill, serve
+    from cli import calibrate, launch, prefill, serve
     from evals import cli as eval_cli
 
     parser = argparse.ArgumentParser(prog="specgate", description=__doc__)
@@ -158,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     eval_p = sub.add_parser("eval", help="answer-quality harness: dense vs SpecPrefill settings on generated tasks")
     eval_cli.add_arguments(eval_p)
     eval_p.set_defaults(func=eval_cli.run)
+
+    run_agent = sub.add_parser("launch", help="run Claude Code, Codex or opencode against a running server, "
+                               "set up from its /v1/models (private config; yours untouched)")
+    launch.add_arguments(run_agent)
+    run_agent.set_defaults(func=launch.run)
 
     srv = sub.add_parser("serve", help="run the HTTP/WebSocket gateway")
     for served in (GatewayConfig, EngineConfig, PrefillPolicy, DecodingPolicy):

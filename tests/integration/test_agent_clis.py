@@ -104,3 +104,33 @@ def test_opencode_runs_its_title_request_beside_the_turn(server, repo):
     assert_all_accepted(evs, 2)  # the title request and the turn, sent at once with one x-session-id
     starts = [e for e in evs if e.get("event") == "request_start"]
     assert sorted(e["tools"] for e in starts) == [False, True]
+
+
+def launched(server: ServerProcess, repo: Path, agent: str, *args: str) -> str:
+    done = agent_clis.launch(server.base, repo, agent, *args)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    folder = repo.parent / "home" / ".cache" / "specgate" / "launch" / agent
+    assert agent == "claude" or (folder.stat().st_mode & 0o777) == 0o700
+    return done.stdout
+
+
+def test_specgate_launch_runs_each_agent_from_the_servers_models_alone(server, repo):
+    """``specgate launch`` reads /v1/models and sets each agent up in a private folder: no
+    config file of the user's (nor of the repository) is written, and each agent's turns
+    are served with its tools."""
+    mark = len(events(server))
+    result = json.loads(launched(server, repo, "claude", "-p", "Reply with one word: hello", "--output-format",
+                                 "json"))
+    assert result["is_error"] is False and result["terminal_reason"] == "completed", result
+    lines = agent_clis.json_lines(launched(server, repo, "codex", "exec", "--json", "--skip-git-repo-check",
+                                           "Reply with one word: hello"))
+    assert "turn.completed" in [x["type"] for x in lines], lines
+    out = launched(server, repo, "opencode", "run", "Reply with one word: hello")
+    assert "error" not in out.lower(), out[-2000:]
+    codex_toml = (repo.parent / "home/.cache/specgate/launch/codex/config.toml").read_text()
+    assert f"model_context_window = {N_CTX}" in codex_toml
+    assert not (repo / "opencode.json").exists() and not (repo.parent / "home" / ".codex").exists()
+    evs = since(server, mark)
+    starts = [e for e in evs if e.get("event") == "request_start"]
+    assert {e["path"] for e in starts} == {"/v1/messages", "/v1/responses", "/v1/chat/completions"}
+    assert not [e for e in evs if e.get("event") == "request_error"]
