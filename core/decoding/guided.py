@@ -21,14 +21,22 @@ import numpy as np
 from core.constraints import Constraint
 from core.errors import InvalidRequest
 
-_tokenizers: dict[int, Any] = {}  # id(model vocab) -> LLTokenizer
+_tokenizers: dict[tuple[int, int, str], Any] = {}  # (vocab address, n_vocab, model file) -> LLTokenizer
 _lock = threading.Lock()
+
+
+def tokenizer_key(model: Any) -> tuple[int, int, str]:
+    """The vocabulary's address alone is not a name: a model closed and another loaded may get
+    the same one, and the first's tokenizer then builds masks of the wrong size for it (the
+    suite's SmolLM2 engine, after a Qwen model freed at that address: "Invalid buffer size")."""
+    address = int(model.vocab) if isinstance(model.vocab, int) else id(model)
+    return address, int(model.n_vocab), str(getattr(model, "path", ""))
 
 
 def tokenizer_for(model: Any) -> Any:
     from llguidance.llamacpp import lltokenizer_from_vocab
 
-    key = int(model.vocab) if isinstance(model.vocab, int) else id(model)
+    key = tokenizer_key(model)
     with _lock:
         if key not in _tokenizers:
             with warnings.catch_warnings():  # it calls a deprecated llama.cpp binding once per token

@@ -78,10 +78,13 @@ def assert_nothing_dropped(gw, redis: RedisServer, history: dict[str, list[dict]
 
 def test_a_redis_restarted_empty_drops_no_session(three_places):
     redis, gw, history = three_places
+    before = redis.client.info("server")["run_id"]  # type: ignore[union-attr]
     redis.stop()
-    back = RedisServer(port=redis.port)  # the same address, empty: every lease is gone
+    # the same address, empty (no persistence): every lease is gone.  Its emptiness is not read
+    # back: the replica's renewal, once a second, may already have claimed its leases again
+    back = RedisServer(port=redis.port)
     try:
-        assert leases(back) == set()
+        assert back.client.info("server")["run_id"] != before  # type: ignore[union-attr]
         assert_nothing_dropped(gw, back, history)
     finally:
         back.stop()
