@@ -34,11 +34,16 @@ def scratch_repo(parent: Path) -> Path:
     return work
 
 
+def scratch_env(cwd: Path, env: dict[str, str], strip: tuple[str, ...] = ("ANTHROPIC_", "OPENAI_", "CLAUDE_")) \
+        -> dict[str, str]:
+    """This process's environment without the agents' own settings (``strip``), with the
+    scratch home beside ``cwd`` and ``env`` on top; opencode takes its directory from PWD."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(strip)}
+    return {**base, "HOME": str(cwd.parent / "home"), "PWD": str(cwd), **env}
+
+
 def run(cli: str, *args: str, cwd: Path, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    home = str(cwd.parent / "home")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE_"))}
-    env = {**base, "HOME": home, "PWD": str(cwd), **env}  # opencode takes its directory from PWD, not the cwd
-    return subprocess.run([str(CLIS / cli), *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([str(CLIS / cli), *args], cwd=cwd, env=scratch_env(cwd, env), capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
@@ -75,10 +80,7 @@ def opencode(base: str, repo: Path, prompt: str, n_ctx: int) -> subprocess.Compl
 def launch(base: str, repo: Path, agent: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``specgate launch AGENT ARGS`` against ``base``: the agent set up from the server's
     ``/v1/models`` alone, in its private config folder under the scratch home."""
-    home = str(repo.parent / "home")
-    base_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("ANTHROPIC_", "OPENAI_", "CLAUDE_", "CODEX_", "OPENCODE_"))}
-    env = {**base_env, "HOME": home, "PWD": str(repo), "IS_SANDBOX": "1"}
+    env = scratch_env(repo, {"IS_SANDBOX": "1"}, ("ANTHROPIC_", "OPENAI_", "CLAUDE_", "CODEX_", "OPENCODE_"))
     cmd = [str(ROOT / ".venv" / "bin" / "specgate"), "launch", "--url", base, "--api-key", "sk-test", agent, *args]
     return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=900,
                           stdin=subprocess.DEVNULL)
