@@ -114,7 +114,7 @@ def canary_rows(engine: Any) -> dict[str, dict[str, np.ndarray]]:
                 exclusive = sorted(toks - set().union(*(t for k, t in texts.items() if k != key)))
                 if not exclusive:
                     raise RuntimeError(f"{key}'s canary shares every token with the other key's texts")
-                own.seq(0).clear()
+                own.seq(0).clear_cells()
                 own.seq(0).decode(exclusive, 0, logits_last=False)
                 out[role][key] = layer0_v(own.seq(0).save(), 0)
         finally:

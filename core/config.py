@@ -46,7 +46,7 @@ class EngineConfig:
     # step_tokens (core/runtime/chunk_budget.py, README "Many sessions at once")
     progress_log_s: float = 10.0  # a long prefill logs its progress (tokens done, rate, time left) this often
     scoring_window: int = 2048  # the scoring model prefills long prompts with each token attending to the first
-    # 64 and the last this many cells (core/scoring_window.py); the scored rows still see all; 0 = off
+    # 64 and the last this many cells (core/kv/scoring_window.py); the scored rows still see all; 0 = off
     scorer: str = "speculator-q4_0"  # the model that scores prompts (core/models/scorer_cuts.py): the speculator
     # re-quantized to Q4_0 (scored 1.5x faster and kept every answer, results/scorers.md); speculator-full, the
     # file as given; speculator-early:R, target-early:R -- the first R blocks of either model

@@ -31,12 +31,15 @@ from core.decoding.mode_speeds import COPY, FREE, ModeSpeeds
 from core.decoding.specattn import SparseVerify, layer_weights
 from core.decoding.speculative import SpeculativeDecoder
 from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong
+from core.kv import cells
 from core.kv.positions import (
     SessionKV,
     SpeculatorSync,
     cached_indices,
 )
+from core.kv.scoring_window import ScoringWindow
 from core.kv.slot_cells import SlotCells
+from core.kv.sparse_prefill import sparse_prefill
 from core.llama import seq_cells
 from core.llama.capture import make_capture
 from core.llama.context import Context, Seq
@@ -47,17 +50,15 @@ from core.models.scorer_cuts import scoring_model
 from core.policies import DecodeMode, DecodingPolicy, PrefillPolicy, SamplingParams, TurnParams
 from core.prompt import Prompt
 from core.results import PrefixStart, Result, Status, Timings
-from core.scoring_window import ScoringWindow
 from core.spans import common_prefix, runs
 from core.specprefill import guard as tool_guard
 from core.specprefill import planner
 from core.specprefill.content import ContentKind, content_kind
 from core.specprefill.cost_model import Costs, Work
 from core.specprefill.lines import lines_of, names_in
-from core.specprefill.prefill import sparse_prefill
 from core.specprefill.scoring import importance
 from core.specprefill.selection import bridge_gaps, forced_mask, select_tokens
-from core.speculator import Speculator, rollback
+from core.speculator import Speculator
 from core.steps import TurnSteps, drive
 
 
@@ -124,7 +125,7 @@ class Engine:
             self.calibrate(config.calibrate_tokens)
 
     def _scoring_window(self, config: EngineConfig) -> ScoringWindow | None:
-        """The scratch context of windowed scoring prefills (core.scoring_window), same
+        """The scratch context of windowed scoring prefills (core.kv.scoring_window), same
         settings as the speculator's own so saved states move between the two."""
         if not config.scoring_window:
             return None
@@ -285,8 +286,7 @@ class Engine:
         persistent = kv is not None
         if kv is None:
             kv = SessionKV()
-            self.speculator_ctx.seq(slot).clear()
-            self.target_ctx.seq(slot).clear()
+            self.slot_cells.load(None, slot)
         target = self.target_ctx.seq(slot)
         policy = params.prefill
         t_start = time.perf_counter()
@@ -294,7 +294,7 @@ class Engine:
         # the last prompt token is always decoded again: its logits start generation
         q = min(common_prefix(kv.target.tokens, tokens), n - 1)
         p = min(common_prefix(kv.speculator.tokens, tokens), n - 1)
-        rollback(target, kv.target, q)
+        cells.rollback(target, kv.target, q)
         delta = tokens[q:]
         t = Timings(position_mode=policy.position_mode, context_n=n, cache_n=q,
                     speculator_cache_n=p, turn_kind=turn_kind(prompt, params))

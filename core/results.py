@@ -71,7 +71,7 @@ class Timings:
     speculator_prefill_ms: float = 0.0
     speculator_mirrored_n: int = 0  # of those, the target's cells re-prefilled so the speculator mirrors it
     speculator_deferred_n: int = 0  # context tokens the speculator has yet to catch up on (next scoring turn)
-    speculator_windowed_n: int = 0  # of the prefilled, those that attended through the window (core.scoring_window)
+    speculator_windowed_n: int = 0  # of the prefilled, those that attended through the window (core.kv.scoring_window)
     lookahead_ms: float = 0.0
     scoring_ms: float = 0.0  # speculator prefill + lookahead + selection
     ttft_ms: float = 0.0

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from core.kv import cells
 from core.kv.positions import (
     SessionKV,
     SpeculatorSync,
@@ -17,27 +18,21 @@ from core.kv.positions import (
     cached_indices,
     plan_speculator_sync,
 )
+from core.kv.scoring_window import ScoringWindow
+from core.kv.sparse_prefill import sparse_prefill
 from core.llama.capture import AttentionCapture
 from core.llama.context import Context, Seq
 from core.results import Timings
-from core.scoring_window import ScoringWindow
 from core.spans import common_prefix, runs
 from core.specprefill.cost_model import Costs
-from core.specprefill.prefill import sparse_prefill
 from core.steps import Tokens, TurnSteps
-
-
-def rollback(seq: Seq, kv: TokenCells, n_keep: int) -> None:
-    """Keep the longest common prefix ``n_keep`` and cut the cache after it."""
-    if n_keep < len(kv.tokens):
-        seq.remove_from(kv.truncate(n_keep))
 
 
 class Speculator:
     def __init__(self, ctx: Context, capture: AttentionCapture, costs: Costs, calls: Callable[[int], int],
                  window: ScoringWindow | None = None) -> None:
         """``calls(n)``: llama_decode calls a prefill of ``n`` tokens takes; ``window``: long
-        prefills attend through it (core.scoring_window)."""
+        prefills attend through it (core.kv.scoring_window)."""
         self.ctx, self.capture, self.costs, self.calls, self.window = ctx, capture, costs, calls, window
 
     def span(self, base: int, n: int) -> int:
@@ -79,7 +74,7 @@ class Speculator:
             self.costs.speculator_step.observe(1, columns.size + step, 1, time.perf_counter() - t_step)
             steps.append(rows if columns.size == n else _scatter(rows, columns, n))
             tok = int(np.argmax(seq.logits()))
-        seq.remove_from(base + 1)  # lookahead tokens are not context
+        cells.cut_from(seq, base + 1)  # lookahead tokens are not context
         kv.extend([tokens[-1]], [base])
         t.speculator_prefill_n += 1
         t2 = time.perf_counter()
@@ -95,7 +90,7 @@ class Speculator:
         if sync is not None and sync.rebuild is not None:
             yield from self._mirror(seq, kv, tokens[:sync.start], np.asarray(sync.rebuild), t)
         else:
-            rollback(seq, kv, min(common_prefix(kv.tokens, tokens), len(tokens)))
+            cells.rollback(seq, kv, min(common_prefix(kv.tokens, tokens), len(tokens)))
         delta = tokens[len(kv.tokens):]
         base = kv.next_pos
         if delta:
@@ -115,8 +110,7 @@ class Speculator:
                 t: Timings) -> TurnSteps[None]:
         """Empty the speculator's sequence and prefill only ``history[held]`` (the target's
         cells) at their logical positions, so later tokens attend to what the target kept."""
-        seq.clear()
-        kv.reset()
+        cells.reset(seq, kv)
         t0 = time.perf_counter()
         cost = self.costs.speculator
         yield from sparse_prefill(seq, history, held, "original", 0,

@@ -4,15 +4,16 @@ functions."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
 import structlog
 
 from core.config import EngineConfig, kv_cache_bytes
-from core.errors import ConfigError, EngineError, VocabMismatch
-from core.llama.context import Context, Seq
+from core.errors import ConfigError, VocabMismatch
+from core.kv import cells
+from core.kv.sparse_prefill import move_cost, shift_one
+from core.llama.context import Context
 from core.llama.model import Model
 from core.machine import available_bytes
 from core.specprefill.cost_model import Costs
@@ -56,17 +57,17 @@ def calibrate(target_ctx: Context, speculator_ctx: Context, costs: Costs, calls:
     tokens = target_ctx.model.tokenize(text, add_special=False)[:n_tokens]
     n = len(tokens)
     for ctx, cost in ((speculator_ctx, costs.speculator), (target_ctx, costs.target)):
-        ctx.clear()
+        cells.empty(ctx)
         ctx.decode(tokens[:32], 0)  # the first decode pages the mmap'd weights in
         prefill, step, shifted = float("inf"), float("inf"), float("inf")
         for _ in range(2):
-            ctx.clear()
+            cells.empty(ctx)
             t0 = time.perf_counter()
             ctx.decode(tokens, 0)
             t1 = time.perf_counter()
             ctx.decode([tokens[0]], n)
             t2 = time.perf_counter()
-            ctx.seq(0).shift(n, n + 1, 1)  # as a sparse prefill's bridge moves a cell
+            shift_one(ctx.seq(0), n)
             t3 = time.perf_counter()
             ctx.decode([tokens[1]], n + 2)
             prefill, step = min(prefill, t1 - t0), min(step, t2 - t1)
@@ -77,29 +78,7 @@ def calibrate(target_ctx: Context, speculator_ctx: Context, costs: Costs, calls:
         cost.move_s, cost.move_s_per_cell = move_cost(ctx.seq(0), n + 2)
         if ctx is speculator_ctx:
             costs.speculator_step.observe(1, n, 1, step)
-        ctx.clear()
-        # a sparse prefill's bridge: a K-shift of the whole context, or a moved label (core.specprefill.prefill)
+        cells.empty(ctx)
+        # a sparse prefill's bridge: a K-shift of the whole context, or a moved label (core.kv.sparse_prefill)
         log.info("bridge_costs", model=ctx.model.path.name, shift_s=round(cost.shift_s, 4),
                  move_s=round(cost.move_s, 5), move_us_per_cell=round(cost.move_s_per_cell * 1e6, 3))
-
-
-def move_cost(seq: Seq, cells: int) -> tuple[float, float]:
-    """Seconds of moving the last cell's position label and back (:meth:`Seq.move`) in
-    ``seq``, which holds ``cells`` cells: (per move, per cell).  Through the saved state
-    a move copies the whole sequence (per cell); through a scratch sequence, the moved
-    cell alone (per move).  (0, inf) where the context cannot, or where the move did not
-    land (an unknown state layout)."""
-    last = seq.pos_max()
-    if not seq.ctx.movable_labels or last < 0:
-        return 0.0, math.inf
-    best = float("inf")
-    try:
-        for there, back in ((last, last + 1), (last + 1, last)):
-            t0 = time.perf_counter()
-            seq.move({there: back})
-            best = min(best, time.perf_counter() - t0)
-            if seq.pos_max() != back:
-                return 0.0, math.inf
-    except EngineError:
-        return 0.0, math.inf
-    return (0.0, best / cells) if seq.ctx.private_cells else (best, 0.0)

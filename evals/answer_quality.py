@@ -128,7 +128,7 @@ def with_answer_prefix(engine: Engine, prompt: Prompt, prefix: str) -> Prompt:
 
 
 def capture(engine: Engine, tokens: tuple[int, ...]) -> tuple[list[np.ndarray], float]:
-    engine.speculator_ctx.clear()
+    engine.speculator_ctx.clear_cells()
     t0 = time.perf_counter()
     steps = drive(engine.spec.capture_steps(SessionKV(), tokens, 8, Timings()))
     return steps, time.perf_counter() - t0
@@ -136,7 +136,7 @@ def capture(engine: Engine, tokens: tuple[int, ...]) -> tuple[list[np.ndarray], 
 
 def answer(engine: Engine, tokens: tuple[int, ...], kept: np.ndarray, mode: str) -> tuple[str, float]:
     """The reply, and the target's prefill of ``kept`` in seconds."""
-    engine.target_ctx.clear()
+    engine.target_ctx.clear_cells()
     params = TurnParams(prefill=PrefillPolicy(position_mode=mode), sampling=ANSWER)
     timings = Timings()
     gen = drive(engine.prefill_and_decode(SessionKV(), tokens, kept, params, None, timings, tokens))

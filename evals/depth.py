@@ -31,10 +31,10 @@ import orjson
 
 from bench.common import progress, write_result
 from core.config import EngineConfig
+from core.kv.cells import rollback
 from core.kv.positions import SessionKV
 from core.models import model_files
 from core.policies import PrefillPolicy, SamplingParams, Selection, TurnParams
-from core.speculator import rollback
 from core.steps import drive
 from evals.agent_files import KINDS, Question, ToolResult, correct, tool_results
 

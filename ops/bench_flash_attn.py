@@ -26,7 +26,7 @@ def spans(model: Model, tokens: list[int], n: int, flash_attn: bool) -> tuple[fl
     ctx = Context(model, n_ctx=2 * n + 64, n_batch=512, n_ubatch=512, n_threads=2, flash_attn=flash_attn)
     try:
         ctx.decode(tokens[:32], 0)  # pages the weights in
-        ctx.clear()
+        ctx.clear_cells()
         t0 = time.perf_counter()
         ctx.decode(tokens[:n], 0)
         t1 = time.perf_counter()

@@ -45,7 +45,7 @@ def measure(model: Model, unified: bool, session: list[int], other: list[int]) -
         ctx.seq(1).decode(other, 0, logits_last=False)
         blob = ctx.seq(1).save()
         for i in (2, 3):
-            ctx.seq(i).load(blob)
+            ctx.seq(i).load_state(blob)
         beside = step_ms(ctx, session[0], len(session))
     finally:
         ctx.close()

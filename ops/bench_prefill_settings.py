@@ -34,7 +34,7 @@ def main() -> None:
         ctx = Context(model, n_ctx=n + 64, n_batch=max(ub, 512), n_ubatch=ub, n_threads=2, flash_attn=fa,
                       kv_type=kv)
         ctx.decode(tokens[:32], 0)  # pages the weights in
-        ctx.clear()
+        ctx.clear_cells()
         t0 = time.perf_counter()
         ctx.decode(tokens, 0, logits_last=False)
         dt = time.perf_counter() - t0

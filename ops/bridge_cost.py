@@ -21,11 +21,11 @@ import numpy as np
 from bench.common import write_result
 from core import corpus
 from core.config import EngineConfig
+from core.kv.sparse_prefill import sparse_prefill
 from core.llama.context import Context
 from core.llama.model import Model
 from core.models import model_files
 from core.spans import runs
-from core.specprefill.prefill import sparse_prefill
 from core.steps import drive
 
 OUT = Path("results/bench/bridge_cost.json")
@@ -53,7 +53,7 @@ def main() -> None:
         rows: list[dict[str, float | str]] = []
         for _ in range(repeats):
             for relabel in (False, True):
-                seq.clear()
+                seq.clear_cells()
                 t0 = time.perf_counter()
                 n_past, _ = drive(sparse_prefill(seq, tokens, kept, "original", 0, relabel))
                 logits[relabel] = seq.logits().copy()

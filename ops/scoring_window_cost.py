@@ -1,5 +1,5 @@
 """The scoring model's prefill of one prompt in full and through a scoring window
-(core.scoring_window: the first 64 cells and the last W), chunk by chunk, in one
+(core.kv.scoring_window: the first 64 cells and the last W), chunk by chunk, in one
 one-slot context with a view, as the engine's scratch context runs it.
 
     .venv/bin/python ops/scoring_window_cost.py 9400 2048     # tokens of Python source, window
@@ -14,12 +14,12 @@ import sys
 import time
 
 from bench.textgen import source_code
+from core.kv.scoring_window import view_spans
 from core.llama.backend import init_backend
 from core.llama.context import Context
 from core.llama.model import Model
 from core.models import model_files
 from core.models.scorer_cuts import scoring_model
-from core.scoring_window import view_spans
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
     ctx.decode(tokens[:32], 0)  # pages the weights in
     full = ctx.seq(0)
     for mode in ("window", "full"):
-        ctx.clear()
+        ctx.clear_cells()
         times = []
         for off in range(0, n, 512):
             part, last = tokens[off:off + 512], off + 512 >= n

@@ -22,6 +22,7 @@ import orjson
 
 from core.decoding.specattn import kl_similarity, monotone_layer_map, proportional_map
 from core.errors import ConfigError
+from core.kv import cells
 from core.llama.capture import AttentionCapture
 from core.llama.context import Context
 from core.llama.model import Model
@@ -73,14 +74,14 @@ def layer_rows(ctx: Context, capture: AttentionCapture, tokens: Sequence[int], n
     """Prefill all but the last ``n_queries`` tokens, then decode those one by one and
     keep each step's head-averaged rows: [n_layer, n_keys] per query."""
     n_prefix = len(tokens) - n_queries
-    ctx.clear()
+    cells.empty(ctx)
     ctx.decode(tokens[:n_prefix], 0, logits_last=False)
     rows = []
     for i in range(n_prefix, len(tokens)):
         capture.start(i + 1)
         ctx.decode([tokens[i]], i)
         rows.append(capture.stop().mean(axis=1))
-    ctx.clear()
+    cells.empty(ctx)
     return rows
 
 

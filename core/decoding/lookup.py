@@ -25,6 +25,7 @@ from core.decoding.decode import Generation, OnText, TextStream
 from core.decoding.drafts import Drafter, Lookup
 from core.decoding.guided import Guide
 from core.decoding.verify import Verifier
+from core.kv import cells
 from core.llama.context import Seq
 from core.policies import SamplingParams
 from core.results import SpeculativeStats
@@ -73,7 +74,7 @@ class LookupDecoder(Verifier):
             tok = nxt
         text = stream.close()
         n_decoded = min(n_decoded, len(stream.tokens))
-        self.target.remove_from(n_past + n_decoded)
+        cells.cut_from(self.target, n_past + n_decoded)
         gen = Generation(text, stream.tokens, stream.finish, first_s, time.perf_counter() - t0, n_decoded,
                          stream.stop_sequence)
         return gen, stats
@@ -84,7 +85,7 @@ class LookupDecoder(Verifier):
         self.target.decode([tok, *drafts], pos, logits_all=True)
         q_rows = [] if params.temperature <= 0.0 else [_point(d, self.target.model.n_vocab) for d in drafts]
         k, nxt = self._accept(1 + len(drafts), drafts, q_rows, params, rng)
-        self.target.remove_from(pos + 1 + k)  # keep tok and the accepted drafts
+        cells.cut_from(self.target, pos + 1 + k)  # keep tok and the accepted drafts
         stats.n_rounds += 1
         stats.n_drafted += len(drafts)
         stats.n_accepted += k

@@ -28,6 +28,7 @@ from core.decoding.decode import Generation, OnText, TextStream
 from core.decoding.guided import Guide
 from core.decoding.specattn import SparseVerify, view_spans
 from core.decoding.verify import Verifier
+from core.kv import cells
 from core.llama.capture import AttentionCapture
 from core.llama.context import Seq
 from core.policies import SamplingParams
@@ -96,13 +97,13 @@ class SpeculativeDecoder(Verifier):
             gamma = len(rnd.drafts)  # fewer when a draft ended the reply
             columns = held_pos + positions[draft_pos:] if gap else positions
             k, nxt = self._verify(tok, rnd, positions, columns, tpos, params, rng, stats)
-            self.target.remove_from(tpos + 1 + k)  # keep tok and the accepted drafts
+            cells.cut_from(self.target, tpos + 1 + k)  # keep tok and the accepted drafts
             positions.extend(range(tpos, tpos + 1 + k))
             tpos += 1 + k
             n_in_target += 1 + k
             if gamma:  # the draft holds pending + drafts[:gamma-1]; keep what was accepted
                 kept = len(pending) + min(k, gamma - 1)
-                self.draft.remove_from(dpos + kept)
+                cells.cut_from(self.draft, dpos + kept)
                 dpos, pending = dpos + kept, rnd.drafts[min(k, gamma - 1): k]
             else:
                 pending += rnd.drafts[:k]
@@ -110,9 +111,9 @@ class SpeculativeDecoder(Verifier):
             tok = nxt
         text = stream.close()
         n_decoded = min(n_in_target, len(stream.tokens))
-        self.target.remove_from(start_pos + n_decoded)
+        cells.cut_from(self.target, start_pos + n_decoded)
         committed = (pending0 + stream.tokens)[: min(dpos - draft_pos, len(pending0) + n_decoded)]
-        self.draft.remove_from(draft_pos + len(committed))
+        cells.cut_from(self.draft, draft_pos + len(committed))
         gen = Generation(text, stream.tokens, stream.finish, first_s, time.perf_counter() - t0, n_decoded,
                          stream.stop_sequence)
         return SpeculativeGeneration(gen, stats, draft_pos, committed)
@@ -158,13 +159,10 @@ class SpeculativeDecoder(Verifier):
         n_view = n_cells
         if self.sparse is not None and rnd.steps:
             spans, n_view = view_spans(self.sparse, rnd.steps, columns, tpos)
-            self.target.make_view(spans)
-            try:
+            with cells.verify_view(self.target, spans) as view:
                 self.target.decode(batch, tpos, logits_all=True, through_view=True)
                 k, nxt = self._accept(len(batch), rnd.drafts, rnd.q_rows, params, rng)
-                self.target.commit_view(tpos, tpos + 1 + k)
-            finally:
-                self.target.drop_view()  # frees the rejected cells, which only the view held
+                view.keep(tpos, tpos + 1 + k)
         else:
             self.target.decode(batch, tpos, logits_all=True)
             k, nxt = self._accept(len(batch), rnd.drafts, rnd.q_rows, params, rng)

@@ -39,8 +39,8 @@ class SlotCells:
     def load(self, blobs: tuple[bytes, bytes] | None, slot: int = 0) -> None:
         """Restore a saved session into ``slot``; None empties it (a fresh or evicted session)."""
         target, speculator = blobs or (b"", b"")
-        self.target_ctx.seq(slot).load(target)
-        self.speculator_ctx.seq(slot).load(speculator)
+        self.target_ctx.seq(slot).load_state(target)
+        self.speculator_ctx.seq(slot).load_state(speculator)
 
     def adopt_prefix(self, tokens: tuple[int, ...], kv: SessionKV, slot: int, donor: SessionKV,
                      donor_slot: int, min_tokens: int = 32) -> int:
@@ -167,17 +167,17 @@ class SlotCells:
         if ctx.scratch_seq < 0:
             run = _moved(seq_cells.parse(donor.save(), donor.id), src, dst, n, rope)
             mine = seq_cells.parse(seq.save(), seq.id)
-            seq.load(seq_cells.write(mine.join(dataclasses.replace(run, seq_id=seq.id))))
+            seq.load_state(seq_cells.write(mine.join(dataclasses.replace(run, seq_id=seq.id))))
             return sum(x.nbytes for x in (*run.k, *run.v))
         scratch = ctx.scratch()
-        scratch.clear()
+        scratch.clear_cells()
         try:
-            ctx.share(donor.id, scratch.id, src, src + n)
+            ctx.share_cells(donor.id, scratch.id, src, src + n)
             run = _moved(seq_cells.parse(scratch.save_to(self._out), scratch.id), src, dst, n, rope)
             scratch.load_buffer(seq_cells.write_into(run, self._in))
-            ctx.share(scratch.id, seq.id, dst, dst + n)
+            ctx.share_cells(scratch.id, seq.id, dst, dst + n)
         finally:
-            scratch.clear()
+            scratch.clear_cells()
         return sum(x.nbytes for x in (*run.k, *run.v))
 
 
@@ -187,19 +187,19 @@ def _cut(ctx: Context, slot: int, n: int) -> bytes:
     between split streams the sequence is saved whole, cut, saved and put back."""
     if ctx.scratch_seq >= 0:
         via = ctx.scratch()
-        via.clear()
+        via.clear_cells()
         try:
-            ctx.share(slot, via.id, 0, n)
+            ctx.share_cells(slot, via.id, 0, n)
             return via.save()
         finally:
-            via.clear()
+            via.clear_cells()
     seq = ctx.seq(slot)
     whole = seq.save()
     try:
         seq.remove_from(n)
         return seq.save()
     finally:
-        seq.load(whole)
+        seq.load_state(whole)
 
 
 def _moved(theirs: seq_cells.Cells, src: int, dst: int, n: int, rope: Rope) -> seq_cells.Cells:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import llama_cpp
 import numpy as np
@@ -15,6 +16,17 @@ from core.llama.capture import AttentionCapture, QKCapture
 from core.llama.model import Model
 
 VIEW_SEQ = 1  # the view's sequence id in a one-slot context with views
+_F = TypeVar("_F", bound=Callable[..., object])
+
+
+def changes_cells(fn: _F) -> _F:
+    """Marks a call that removes, moves, copies, relabels or loads KV cells.  Only
+    ``core/kv/`` calls these: it keeps each session's bookkeeping in step with its cells
+    (tests/unit/test_layering.py finds them by this mark).  ``decode`` is not one: it only
+    appends cells after a sequence's last, where llama.cpp requires them."""
+    return fn
+
+
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0}  # core.config.KV_CACHE_TYPES
 
 
@@ -37,7 +49,7 @@ class Context:
 
     A unified cache of several slots has one more sequence id, ``scratch_seq``: cells
     are tagged with it to be saved or rewritten apart from the slots that share them
-    (:meth:`share`), on the model thread between two decodes, and untagged after.
+    (:meth:`share_cells`), on the model thread between two decodes, and untagged after.
     """
 
     def __init__(self, model: Model, *, n_ctx: int, n_batch: int, n_ubatch: int, n_threads: int,
@@ -97,7 +109,7 @@ class Context:
 
     @property
     def movable_labels(self) -> bool:
-        """Whether a cell's position label can be moved without its K rotated (:meth:`Seq.move`):
+        """Whether a cell's position label can be moved without its K rotated (:meth:`Seq.move_labels`):
         through the sequence's saved state where cells are private, or, where slots share
         cells, through the scratch sequence (the moved cells alone)."""
         return self.private_cells or self.scratch_seq >= 0
@@ -120,7 +132,8 @@ class Context:
         return Seq(self, i)
 
     # -- memory -------------------------------------------------------------
-    def clear(self) -> None:
+    @changes_cells
+    def clear_cells(self) -> None:
         """Empty every sequence."""
         llama_cpp.llama_memory_clear(self._mem, True)
 
@@ -128,7 +141,8 @@ class Context:
         """The last position any cell of ``seq_id`` holds (-1: none); also for the view."""
         return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
 
-    def share(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+    @changes_cells
+    def share_cells(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Tag ``src``'s cells at positions [p0, p1) with ``dst`` too (unified only: no data
         moves, the cells are shared; ``dst`` keeps what it held)."""
         if not self.unified:
@@ -141,6 +155,7 @@ class Context:
             raise EngineError("this context has no scratch sequence (a unified cache of several slots has)")
         return Seq(self, self.scratch_seq)
 
+    @changes_cells
     def copy_seq(self, src: int, dst: int) -> None:
         """Make ``dst`` hold exactly ``src``'s cells, now.  In a unified cache they are shared
         (no data moves).  Between split streams llama.cpp's ``seq_cp`` only queues a copy of
@@ -276,21 +291,26 @@ class Seq:
     def pos_max(self) -> int:
         return self.ctx.seq_pos_max(self.id)
 
-    def clear(self) -> None:
+    @changes_cells
+    def clear_cells(self) -> None:
         llama_cpp.llama_memory_seq_rm(self._mem, self.id, -1, -1)
 
+    @changes_cells
     def remove_from(self, pos: int) -> None:
         if not llama_cpp.llama_memory_seq_rm(self._mem, self.id, pos, -1):
             raise EngineError(f"could not remove KV cells from position {pos}")
 
-    def remove(self, p0: int, p1: int) -> None:
+    @changes_cells
+    def remove_cells(self, p0: int, p1: int) -> None:
         """Drop the cells at positions [p0, p1)."""
         llama_cpp.llama_memory_seq_rm(self._mem, self.id, p0, p1)
 
-    def shift(self, p0: int, p1: int, delta: int) -> None:
+    @changes_cells
+    def shift_cells(self, p0: int, p1: int, delta: int) -> None:
         llama_cpp.llama_memory_seq_add(self._mem, self.id, p0, p1, delta)
 
-    def move(self, moves: Mapping[int, int]) -> None:
+    @changes_cells
+    def move_labels(self, moves: Mapping[int, int]) -> None:
         """Relabel the cells at positions ``moves`` keys with the values, leaving their K as
         it is (core.llama.seq_cells): a sparse prefill's bridge without a K-shift of the
         whole context.  Where cells are private this copies the sequence's cells out and
@@ -301,20 +321,20 @@ class Seq:
             self._relabel(self.id, moves)
             return
         ctx, via = self.ctx, self.ctx.scratch()
-        via.clear()
+        via.clear_cells()
         try:
             for p in moves:
-                ctx.share(self.id, via.id, p, p + 1)
+                ctx.share_cells(self.id, via.id, p, p + 1)
                 llama_cpp.llama_memory_seq_rm(self._mem, self.id, p, p + 1)
             try:
                 self._relabel(via.id, moves)
             except EngineError:
-                self.clear()  # its moved cells are gone: the caller rebuilds
+                self.clear_cells()  # its moved cells are gone: the caller rebuilds
                 raise
             for q in moves.values():
-                ctx.share(via.id, self.id, q, q + 1)
+                ctx.share_cells(via.id, self.id, q, q + 1)
         finally:
-            via.clear()
+            via.clear_cells()
 
     def _relabel(self, seq_id: int, moves: Mapping[int, int]) -> None:
         """Move labels in sequence ``seq_id``'s saved state and load it back (emptied on failure),
@@ -325,6 +345,7 @@ class Seq:
         seq_cells.move_cells(np.frombuffer(state, dtype=np.uint8), seq_id, moves)
         seq.load_buffer(state)
 
+    @changes_cells
     def make_view(self, spans: Sequence[tuple[int, int]]) -> None:
         """Tag the cells at positions [p0, p1) of each span with the view sequence.
         A batch decoded through the view must start right after its last cell."""
@@ -334,10 +355,12 @@ class Seq:
         for p0, p1 in spans:
             llama_cpp.llama_memory_seq_cp(self._mem, self.id, self.ctx.view_seq, p0, p1)
 
+    @changes_cells
     def commit_view(self, p0: int, p1: int) -> None:
         """Make the view's cells at positions [p0, p1) part of this sequence too."""
         llama_cpp.llama_memory_seq_cp(self._mem, self.ctx.view_seq, self.id, p0, p1)
 
+    @changes_cells
     def drop_view(self) -> None:
         llama_cpp.llama_memory_seq_rm(self._mem, self.ctx.view_seq, -1, -1)
 
@@ -353,11 +376,12 @@ class Seq:
         """The KV stream holding this sequence's cells (each its own in a split context)."""
         return 0 if self.ctx.unified else self.id
 
+    @changes_cells
     def load_from(self, other: Seq) -> None:
         """Replace this sequence's cells with ``other``'s, which may be in another context
         of the same model and cache types: a copy through the saved state, laid out for
         this context's streams (core.llama.seq_cells.restream)."""
-        self.load(seq_cells.restream(other.save(), other.id, self.ctx.n_stream, self.stream))
+        self.load_state(seq_cells.restream(other.save(), other.id, self.ctx.n_stream, self.stream))
 
     def state_size(self) -> int:
         """The bytes :meth:`save` would write."""
@@ -375,17 +399,19 @@ class Seq:
         n = llama_cpp.llama_state_seq_get_data(self.ptr, (ctypes.c_uint8 * size).from_buffer(buf), size, self.id)
         return memoryview(buf)[:n]
 
+    @changes_cells
     def load_buffer(self, blob: memoryview) -> None:
-        """:meth:`load` from a writable buffer (:func:`core.llama.seq_cells.write_into`), not copied."""
-        self.clear()
+        """:meth:`load_state` from a writable buffer (:func:`core.llama.seq_cells.write_into`), not copied."""
+        self.clear_cells()
         if llama_cpp.llama_state_seq_set_data(self.ptr, (ctypes.c_uint8 * len(blob)).from_buffer(blob), len(blob),
                                               self.id) == 0:
-            self.clear()
+            self.clear_cells()
             raise EngineError("could not restore a saved KV sequence")
 
-    def load(self, blob: bytes) -> None:
+    @changes_cells
+    def load_state(self, blob: bytes) -> None:
         """Replace this sequence's cells with ones saved by :meth:`save` (b"": empty it)."""
         if blob:
             self.load_buffer(memoryview(bytearray(blob)))
         else:
-            self.clear()
+            self.clear_cells()

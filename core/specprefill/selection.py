@@ -115,7 +115,7 @@ def bridge_gaps(indices: np.ndarray, max_gap: int) -> np.ndarray:
 
     A sparse prefill at original positions pays one pass per run, and each pass after
     the first moves a cell, which makes llama.cpp re-rotate its whole K cache (a K-shift
-    over every cell of every slot, core.specprefill.prefill); prefilling a short gap is
+    over every cell of every slot, core.kv.sparse_prefill); prefilling a short gap is
     cheaper than that, and only adds context."""
     if indices.size < 2 or max_gap <= 0:
         return indices

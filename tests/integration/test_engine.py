@@ -9,10 +9,10 @@ from core.chat import ChatTemplate
 from core.config import EngineConfig
 from core.engine import Engine
 from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, TurnCancelled, VocabMismatch
+from core.kv.sparse_prefill import sparse_prefill
 from core.policies import SamplingParams
 from core.prompt import Prompt
 from core.specprefill.cost_model import PrefillCost
-from core.specprefill.prefill import sparse_prefill
 from core.steps import drive
 from tests.support import forced, policy, with_sampling
 
@@ -30,7 +30,7 @@ def long_prompt(engine: Engine, n_sentences: int = 60) -> Prompt:
 
 def prefill_logits(engine: Engine, tokens, kept, mode) -> np.ndarray:
     seq = engine.target_ctx.seq(0)
-    seq.clear()
+    seq.clear_cells()
     if kept is None:
         seq.decode(tokens, 0)
     else:
@@ -51,10 +51,10 @@ def test_original_mode_keeps_positions_compact_packs_them(tiny_engine):
     n = len(tokens)
     kept = np.concatenate([np.arange(0, 40), np.arange(100, 160), np.arange(n - 30, n)])
     seq = tiny_engine.target_ctx.seq(0)
-    seq.clear()
+    seq.clear_cells()
     assert drive(sparse_prefill(seq, tokens, kept, "original", 0))[0] == n
     assert seq.pos_max() == n - 1
-    seq.clear()
+    seq.clear_cells()
     assert drive(sparse_prefill(seq, tokens, kept, "compact", 0))[0] == kept.size
     assert seq.pos_max() == kept.size - 1
 
@@ -86,9 +86,9 @@ def test_moving_a_label_there_and_back_leaves_the_state_bitwise(tiny_engine, fla
         seq = ctx.seq(1)
         seq.decode(tokens, 0)
         before = seq.save()
-        seq.move({99: 150})
+        seq.move_labels({99: 150})
         assert seq.pos_max() == 150 and cell_positions_of(seq) == list(range(99)) + [150]
-        seq.move({150: 99})
+        seq.move_labels({150: 99})
         assert seq.save() == before
     finally:
         ctx.close()
@@ -102,7 +102,7 @@ def test_relabelled_bridges_see_every_cell_at_its_own_position(tiny_engine):
     kept = np.concatenate([np.arange(0, 40), np.arange(100, 160), np.arange(230, 260), np.arange(n - 30, n)])
     seq, logits = tiny_engine.target_ctx.seq(0), {}
     for relabel in (False, True):
-        seq.clear()
+        seq.clear_cells()
         assert drive(sparse_prefill(seq, tokens, kept, "original", 0, relabel)) == (n, -1)
         logits[relabel] = seq.logits().copy()
         assert cell_positions_of(seq) == kept.tolist()
@@ -121,7 +121,7 @@ def test_a_sparse_prefill_in_a_shared_pool_bridges_exactly_as_in_a_private_strea
     kept = np.concatenate([np.arange(100, 160), np.arange(230, 260), np.arange(n - 30, n)]) - 40
 
     def prefill(seq) -> np.ndarray:
-        seq.clear()
+        seq.clear_cells()
         seq.decode(tokens[:40], 0, logits_last=False)
         if not seq.ctx.private_cells:
             seq.ctx.copy_seq(seq.id, 1)  # slot 1 shares the history, its last cell too
@@ -130,7 +130,7 @@ def test_a_sparse_prefill_in_a_shared_pool_bridges_exactly_as_in_a_private_strea
         return seq.logits().copy()
 
     want = prefill(tiny_engine.target_ctx.seq(0))
-    tiny_engine.target_ctx.seq(0).clear()
+    tiny_engine.target_ctx.seq(0).clear_cells()
     pool = Context(tiny_engine.target, n_ctx=2048, n_batch=128, n_ubatch=128, n_threads=2,
                    flash_attn=tiny_engine.target_ctx.flash_attn, n_seq=2, unified=True)
     try:
@@ -164,21 +164,21 @@ def test_slots_that_share_cells_move_labels_through_the_scratch_sequence(smol_pa
         mine.decode(tokens, 0, logits_last=False)
         ctx.copy_seq(mine.id, other.id)  # every cell shared
         before, mine_before = other.save(), by_position(mine)
-        mine.move({59: 80})
+        mine.move_labels({59: 80})
         assert mine.pos_max() == 80 and cell_positions_of(mine) == list(range(59)) + [80]
         assert other.pos_max() == 59 and other.save() == before and ctx.seq_pos_max(ctx.scratch_seq) == -1
-        mine.move({80: 59})
+        mine.move_labels({80: 59})
         assert by_position(mine) == mine_before  # no K rotated: bitwise as it was
     finally:
-        mine.clear()
-        other.clear()
+        mine.clear_cells()
+        other.clear_cells()
 
 
 @pytest.mark.parametrize("relabel", [False, True])
 def test_a_sparse_prefill_stopped_between_runs_puts_its_bridge_back(tiny_engine, relabel):
     tokens = long_prompt(tiny_engine).tokens
     seq = tiny_engine.target_ctx.seq(0)
-    seq.clear()
+    seq.clear_cells()
     turn = sparse_prefill(seq, tokens, np.concatenate([np.arange(0, 40), np.arange(100, 160)]), "original", 0, relabel)
     first = turn.send(None)
     seq.decode(first.tokens, first.start_pos, logits_last=first.logits)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from core.kv.sparse_prefill import sparse_prefill
 from core.llama.capture import AttentionCapture, FlashCapture
 from core.llama.context import Context
 from core.llama.model import Model
 from core.policies import Selection
-from core.specprefill.prefill import sparse_prefill
 from core.specprefill.scoring import importance
 from core.specprefill.selection import select_tokens
 from core.steps import drive
@@ -57,7 +57,7 @@ def capture_last(ctx: Context, slot: int, history: list[int], kept: np.ndarray |
     """Prefill ``history[:-1]`` (or only its ``kept`` tokens, at their positions) in
     ``slot``, then decode the last token with the capture on: [n_layer, n_head, n_cells]."""
     seq = ctx.seq(slot)
-    seq.clear()
+    seq.clear_cells()
     if kept is None:
         seq.decode(history[:-1], 0, logits_last=False)
         n_cells = len(history)
@@ -112,7 +112,7 @@ def test_rows_match_on_a_mirrored_sparse_sequence_in_the_second_slot(pair):
     n = len(tokens) - 1
     kept = np.concatenate([np.arange(0, 30), np.arange(90, 170), np.arange(n - 40, n)])
     for ctx in pair:  # the other slot holds a different sequence: its cells must get no weight
-        ctx.seq(0).clear()
+        ctx.seq(0).clear_cells()
         ctx.seq(0).decode(prompt(ctx, 12), 0, logits_last=False)
     softmax = capture_last(softmax_ctx, 1, tokens, kept)
     flash = capture_last(flash_ctx, 1, tokens, kept)

@@ -152,7 +152,7 @@ def test_an_adopted_prefix_is_the_donors_even_when_its_slot_is_reloaded_at_once(
         before = ctx.seq(0).save()
         mine = SessionKV()
         assert kv.adopt_prefix(tuple(donor_tokens[:80]) + (7,), mine, 1, donor, 0) == 80
-        ctx.seq(0).load(_as_seq(others, 2, 0))  # the source slot, reloaded
+        ctx.seq(0).load_state(_as_seq(others, 2, 0))  # the source slot, reloaded
         adopted = ctx.seq(1).save()  # before any decode
         assert np.array_equal(last_v(adopted, 1, 0, 80), last_v(before, 0, 0, 80))
         ctx.seq(2).decode([5], 150)  # a decode of any slot: a copy still queued would land now

@@ -31,7 +31,7 @@ def rows_after_another_slot(engine: Engine) -> np.ndarray:
     try:
         steps = drive(engine.spec.capture_steps(SessionKV(), tokens, 0, Timings(), slot=0))
     finally:
-        engine.speculator_ctx.clear()
+        engine.speculator_ctx.clear_cells()
     return steps[0]
 
 

@@ -53,7 +53,7 @@ def test_a_moved_run_attends_as_llama_cpps_k_shift_makes_it(model, flash_attn, u
         cells = seq_cells.parse(mine.save(), mine.id)
         assert cells.v_trans is not flash_attn
         assert sorted(cells.positions.tolist()) == [*range(len(X)), *range(len(X) + D, len(X) + D + len(Z))]
-        ref.shift(len(X), len(X) + len(Z), D)  # llama.cpp re-rotates K on the next decode
+        ref.shift_cells(len(X), len(X) + len(Z), D)  # llama.cpp re-rotates K on the next decode
         probe = len(X) + D + len(Z)
         ref.decode([42], probe)
         want = ref.logits().copy()
@@ -64,12 +64,12 @@ def test_a_moved_run_attends_as_llama_cpps_k_shift_makes_it(model, flash_attn, u
         src.decode([42], len(X) + len(Z))
         stale = seq_cells.parse(src.save(), src.id)
         assert np.array_equal(np.sort(stale.positions), np.arange(len(X) + len(Z) + 1))
-        mine.clear()
+        mine.clear_cells()
         mine.decode(X, 0, logits_last=False)
         unrotated = seq_cells.parse(src.save(), src.id)
         run = unrotated.take(np.flatnonzero((unrotated.positions >= len(X)) & (unrotated.positions < probe - D)))
         base = seq_cells.parse(mine.save(), mine.id)
-        mine.load(seq_cells.write(base.join(dataclasses.replace(
+        mine.load_state(seq_cells.write(base.join(dataclasses.replace(
             run, positions=run.positions + D))))
         mine.decode([42], probe)
         assert np.abs(mine.logits() - want).max() > 0.05 * np.abs(want).max()
@@ -113,7 +113,7 @@ def test_a_prefix_cut_from_a_resident_session_leaves_it_as_it_was(tiny_target, u
         assert scorer == b"" and sorted(seq_cells.parse(target, seq_cells_id(target)).positions) == list(range(len(X)))
         assert ctx.seq(0).pos_max() == len(X) + len(Z) - 1
         assert not unified or ctx.seq_pos_max(ctx.scratch_seq) == -1
-        ctx.seq(1).load(target)
+        ctx.seq(1).load_state(target)
         ctx.seq(1).decode(Z[:1], len(X))
         ctx.seq(0).remove_from(len(X) + 1)
         ctx.seq(0).decode(Z[1:2], len(X) + 1)  # the holder still continues from its own cells

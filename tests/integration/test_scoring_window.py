@@ -1,4 +1,4 @@
-"""The windowed scoring prefill (core.scoring_window) on tiny real models: it really
+"""The windowed scoring prefill (core.kv.scoring_window) on tiny real models: it really
 bounds what each token attends to, its result lands in the slot, a turn reports it,
 and a cancelled one leaves the slot as it was."""
 
@@ -9,8 +9,8 @@ import pytest
 
 from core.chat import ChatTemplate
 from core.kv.positions import SessionKV
+from core.kv.scoring_window import SINKS, view_spans
 from core.llama import seq_cells
-from core.scoring_window import SINKS, view_spans
 from core.steps import drive
 from tests.support import forced, with_sampling
 
@@ -72,15 +72,15 @@ def test_a_token_outside_the_window_does_not_reach_later_keys(window_engine):
     tail = slice(2 * n_batch, n)  # the last chunk: it sees the sinks and the WINDOW cells before it
     windowed, dense = [], []
     for prompt in (first, second):
-        seq.clear()
+        seq.clear_cells()
         assert e.window.applies(0, n)
         drive(e.window.prefill(seq, prompt, 0))
         assert seq.pos_max() == n - 1 and e.window.ctx.seq_pos_max(0) == -1 and not e.window.busy
         windowed.append(k_rows(seq.save()))
-        seq.clear()
+        seq.clear_cells()
         seq.decode(prompt, 0, logits_last=False)
         dense.append(k_rows(seq.save()))
-    seq.clear()
+    seq.clear_cells()
     # layer 0's keys depend on the token alone; layer 1's on what that token attended to
     assert (windowed[0][0][tail] == windowed[1][0][tail]).all()
     assert (windowed[0][1][tail] == windowed[1][1][tail]).all()
@@ -100,7 +100,7 @@ def whole_context_windowed(e, seq, prompt: list[int], base: int) -> None:
         full.commit_view(base + off, base + off + len(part))
     full.drop_view()
     seq.load_from(full)
-    e.window.ctx.clear()
+    e.window.ctx.clear_cells()
 
 
 def test_the_scratch_holds_the_sinks_and_the_window_alone_and_computes_what_the_whole_context_did(window_engine):
@@ -108,7 +108,7 @@ def test_the_scratch_holds_the_sinks_and_the_window_alone_and_computes_what_the_
     seq, n_batch = e.speculator_ctx.seq(1), e.config.n_batch
     base, n = SINKS + 2 * WINDOW + 40, 3 * n_batch + 50  # the window passes new cells more than once
     prompt = tokens(e, base + n)
-    seq.clear()
+    seq.clear_cells()
     seq.decode(prompt[:base], 0, logits_last=False)
     before = seq.save()
     turn, held = e.window.prefill(seq, prompt[base:], base), []
@@ -122,10 +122,10 @@ def test_the_scratch_holds_the_sinks_and_the_window_alone_and_computes_what_the_
         except StopIteration:
             break
     compact = seq_cells.parse(seq.save(), seq.id)
-    seq.load(before)
+    seq.load_state(before)
     whole_context_windowed(e, seq, prompt[base:], base)
     whole = seq_cells.parse(seq.save(), seq.id)
-    seq.clear()
+    seq.clear_cells()
     assert max(held) <= SINKS + WINDOW + 2 * n_batch < base + n
     assert compact.positions.tolist() == whole.positions.tolist() == list(range(base + n))
     for mine, theirs in zip(compact.k + compact.v, whole.k + whole.v, strict=True):
@@ -157,7 +157,7 @@ def test_a_long_turn_scores_through_the_window_and_the_next_turn_reuses_it(windo
 def test_a_cancelled_windowed_prefill_leaves_the_slot_as_it_was(window_engine):
     e = window_engine
     seq = e.speculator_ctx.seq(1)
-    seq.clear()
+    seq.clear_cells()
     prompt = tokens(e, 3 * e.config.n_batch)
     seq.decode(prompt[:100], 0, logits_last=False)
     before = seq.save()
@@ -169,7 +169,7 @@ def test_a_cancelled_windowed_prefill_leaves_the_slot_as_it_was(window_engine):
     assert seq.save() == before
     assert e.window.ctx.seq_pos_max(0) == -1 and e.window.ctx.seq_pos_max(e.window.ctx.view_seq) == -1
     assert not e.window.busy
-    seq.clear()
+    seq.clear_cells()
 
 
 def test_idle_time_reserves_the_buffers_a_deep_turn_copies_through(window_engine):
@@ -177,15 +177,15 @@ def test_idle_time_reserves_the_buffers_a_deep_turn_copies_through(window_engine
     target, scorer = e.target_ctx.seq(1), e.speculator_ctx.seq(1)
     prompt = tokens(e, 300)
     for seq in (target, scorer):
-        seq.clear()
+        seq.clear_cells()
         seq.decode(prompt, 0, logits_last=False)
     assert e.target_ctx.private_cells  # split streams: a bridge moves a label through the saved state
     assert e.reserve_buffers(1)
     held = len(e.target_ctx.move_buffer)
     assert held >= target.state_size() * 5 // 4
     assert not e.reserve_buffers(1)  # room enough: nothing grows twice
-    target.move({299: 305})
-    target.move({305: 299})
+    target.move_labels({299: 305})
+    target.move_labels({305: 299})
     assert len(e.target_ctx.move_buffer) == held and target.pos_max() == 299  # the moves found their pages there
     for seq in (target, scorer):
-        seq.clear()
+        seq.clear_cells()

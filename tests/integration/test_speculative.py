@@ -111,7 +111,7 @@ def relogit_last(ctx, tokens: list[int]) -> np.ndarray:
 
 
 def fresh_logits(ctx, tokens: list[int]) -> np.ndarray:
-    ctx.clear()
+    ctx.clear_cells()
     ctx.decode(tokens, 0)
     return ctx.logits()
 

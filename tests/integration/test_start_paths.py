@@ -156,7 +156,7 @@ def test_the_check_sees_a_start_path_that_drops_prefix_cells(small_model, monkey
     def broken(self, tokens, kv, slot, donor, donor_slot, min_tokens=32):
         n = adopt(self, tokens, kv, slot, donor, donor_slot, min_tokens)
         if n:
-            self.target_ctx.seq(slot).remove(n // 2, n // 2 + 8)
+            self.target_ctx.seq(slot).remove_cells(n // 2, n // 2 + 8)
         return n
 
     monkeypatch.setattr(SlotCells, "adopt_prefix", broken)

@@ -22,8 +22,7 @@ CORE_FLOORS: tuple[tuple[str, ...], ...] = (
     ("core.llama",),  # the bindings: llama.cpp through llama-cpp-python
     ("core.steps", "core.models"),  # what a turn asks of the loop; model files, cuts, settings
     # the engine's parts
-    ("core.specprefill", "core.decoding", "core.kv", "core.chat", "core.tool_section", "core.speculator",
-     "core.scoring_window"),
+    ("core.specprefill", "core.decoding", "core.kv", "core.chat", "core.tool_section", "core.speculator"),
     ("core.engine", "core.startup"),
     ("core.runtime", "core.turn_request"),  # the model thread and what a turn asks of it
 )
@@ -180,3 +179,42 @@ def test_the_worker_refuses_a_callable_where_a_message_belongs() -> None:
         asyncio.run(worker.call(lambda engine: engine))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Forget, Wake"):
         worker.post(lambda engine: engine)  # type: ignore[arg-type]
+
+
+def cell_changing_calls() -> set[str]:
+    """The methods of core/llama/context.py marked ``@changes_cells``."""
+    tree = ast.parse((ROOT / "core/llama/context.py").read_text())
+    return {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+            and any(isinstance(d, ast.Name) and d.id == "changes_cells" for d in n.decorator_list)}
+
+
+def cell_changes(path: Path, names: set[str]) -> list[tuple[int, str]]:
+    """Where ``path`` calls one of ``names`` as a method."""
+    return sorted((n.lineno, n.func.attr) for n in ast.walk(ast.parse(path.read_text(), str(path)))
+                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in names)
+
+
+def test_the_marked_cell_changes_have_names_of_their_own() -> None:
+    """A call found by name is a cell change only if nothing else defines that name."""
+    names = cell_changing_calls()
+    assert {"clear_cells", "remove_from", "move_labels", "load_state", "copy_seq", "make_view"} <= names
+    elsewhere = sorted((str(p.relative_to(ROOT)), n.name) for p in modules().values()
+                       if p != ROOT / "core/llama/context.py" for n in ast.walk(ast.parse(p.read_text()))
+                       if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name in names)
+    assert elsewhere == []
+
+
+def test_only_core_kv_changes_cells() -> None:
+    """Removing, moving, copying or loading KV cells happens in core/kv/ alone, beside the
+    bookkeeping it keeps in step (core.kv.positions); decoding only appends."""
+    names = cell_changing_calls()
+    outside = [(str(p.relative_to(ROOT)), *use) for m, p in modules().items()
+               if not m.startswith(("core.kv.", "core.llama.")) for use in cell_changes(p, names)]
+    assert outside == []
+
+
+def test_the_cell_check_sees_a_cell_change(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("def f(seq, ctx, items):\n    items.remove(1)\n    seq.remove_from(3)\n"
+                   "    ctx.seq(0).shift_cells(0, 1, 1)\n    seq.decode([1], 0)\n")
+    assert cell_changes(src, cell_changing_calls()) == [(3, "remove_from"), (4, "shift_cells")]

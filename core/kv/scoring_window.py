@@ -96,7 +96,7 @@ class ScoringWindow:
                     if cut > passed:
                         done.append(self._cells(full).at(passed, cut).owned())
                         passed = cut
-                    full.remove(low, cut)
+                    full.remove_cells(low, cut)
                     low = cut
                 part = tokens[off: off + self.ctx.n_batch]
                 full.make_view(view_spans(start, self.window))
@@ -110,7 +110,7 @@ class ScoringWindow:
             seq.load_buffer(seq_cells.write_joined_into(
                 [c.of(seq.id, seq.ctx.n_stream, seq.stream) for c in parts if len(c)], self._merged))
         finally:
-            self.ctx.clear()
+            self.ctx.clear_cells()
             self.busy = False
 
     def _cells(self, full: Seq) -> seq_cells.Cells:

@@ -16,10 +16,13 @@ notes, README "How SpecPrefill is done here"):
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 
 import numpy as np
 
+from core.errors import EngineError
 from core.llama.context import Seq
 from core.spans import runs
 from core.steps import Tokens, TurnSteps
@@ -49,19 +52,47 @@ def sparse_prefill(seq: Seq, tokens: Sequence[int], kept: np.ndarray, mode: str,
             p0 = base_pos + start
             gap = p0 - 1 - last if last >= 0 else 0
             if gap and relabel:
-                seq.move({last: p0 - 1})
+                seq.move_labels({last: p0 - 1})
                 relabelled[p0 - 1] = last
             elif gap:
-                seq.shift(last, last + 1, gap)
+                seq.shift_cells(last, last + 1, gap)
                 shifted = (p0 - 1, gap)
             idx = yield Tokens(seq, tokens[start:end], p0, logits=r == len(spans) - 1)
             if shifted:
-                seq.shift(shifted[0], shifted[0] + 1, -shifted[1])
+                seq.shift_cells(shifted[0], shifted[0] + 1, -shifted[1])
                 shifted = None
             last = base_pos + end - 1
     finally:
         if shifted:
-            seq.shift(shifted[0], shifted[0] + 1, -shifted[1])
+            seq.shift_cells(shifted[0], shifted[0] + 1, -shifted[1])
         if relabelled:
-            seq.move(relabelled)
+            seq.move_labels(relabelled)
     return last + 1, -1 if idx is None else idx
+
+
+def shift_one(seq: Seq, pos: int) -> None:
+    """K-shift the cell at ``pos`` one position on, as a bridge does (start-up times the step
+    after it: core.startup.calibrate)."""
+    seq.shift_cells(pos, pos + 1, 1)
+
+
+def move_cost(seq: Seq, cells: int) -> tuple[float, float]:
+    """Seconds of moving the last cell's position label and back (:meth:`Seq.move_labels`) in
+    ``seq``, which holds ``cells`` cells: (per move, per cell).  Through the saved state
+    a move copies the whole sequence (per cell); through a scratch sequence, the moved
+    cell alone (per move).  (0, inf) where the context cannot, or where the move did not
+    land (an unknown state layout)."""
+    last = seq.pos_max()
+    if not seq.ctx.movable_labels or last < 0:
+        return 0.0, math.inf
+    best = float("inf")
+    try:
+        for there, back in ((last, last + 1), (last + 1, last)):
+            t0 = time.perf_counter()
+            seq.move_labels({there: back})
+            best = min(best, time.perf_counter() - t0)
+            if seq.pos_max() != back:
+                return 0.0, math.inf
+    except EngineError:
+        return 0.0, math.inf
+    return (0.0, best / cells) if seq.ctx.private_cells else (best, 0.0)
