@@ -33,6 +33,9 @@ HELP = {
                    "calls after it: snake_case, CONSTANTS, camelCase, `quoted`), and the block a named def opens",
     "max_line_tokens": "the line options widen or add only lines of at most this many tokens (one-line JSON and "
                        "unwrapped prose stay as scored; 0 = no bound)",
+    "max_recall_tokens": "with named_lines, an earlier turn's tokens a sparse prefill dropped, on lines this "
+                         "request names (or in a named def's block), are prefilled back first, up to this many "
+                         "(0 = off)",
     "scorer_ahead_tokens": "a turn that prefills this many tokens densely while its scorer lags as many prefills "
                            "the scorer too, through the scoring window, so the tool turns after it score only their "
                            "own tokens (0 = off: idle time catches the scorer up)",

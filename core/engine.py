@@ -35,8 +35,10 @@ from core.kv import cells
 from core.kv.positions import (
     SessionKV,
     SpeculatorSync,
+    TokenCells,
     cached_indices,
 )
+from core.kv.recall import Recall
 from core.kv.scoring_window import ScoringWindow
 from core.kv.slot_cells import SlotCells
 from core.kv.sparse_prefill import sparse_prefill
@@ -55,7 +57,7 @@ from core.specprefill import guard as tool_guard
 from core.specprefill import planner
 from core.specprefill.content import ContentKind, content_kind
 from core.specprefill.cost_model import Costs, Work
-from core.specprefill.lines import lines_of, names_in
+from core.specprefill.lines import lines_of, names_in, recall
 from core.specprefill.scoring import importance
 from core.specprefill.selection import bridge_gaps, forced_mask, select_tokens
 from core.speculator import Speculator
@@ -120,6 +122,7 @@ class Engine:
             if not ctx.movable_labels:  # slots share cells, and no scratch sequence to move them apart
                 cost.move_s_per_cell = math.inf
         self.spec = Speculator(self.speculator_ctx, self.capture, self.costs, self._calls, self.window)
+        self.recaller = Recall()
         self.slot_cells = SlotCells(self.target_ctx, self.speculator_ctx, self.costs, self._calls)
         if config.calibrate_tokens:
             self.calibrate(config.calibrate_tokens)
@@ -298,6 +301,8 @@ class Engine:
         delta = tokens[q:]
         t = Timings(position_mode=policy.position_mode, context_n=n, cache_n=q,
                     speculator_cache_n=p, turn_kind=turn_kind(prompt, params))
+        if persistent:
+            yield from self._recall(prompt, policy, kv.target, target, t)
         params = self._ceiling(params, n, t)
         sync = self.spec.plan_sync(kv, tokens[:-1])  # decided once: the plan and the scoring agree
         decision = self.plan(prompt, policy, kv, sync=sync)
@@ -327,7 +332,7 @@ class Engine:
         t.prompt_n, t.kept_runs = int(kept.size), len(runs(kept))
         views = self._copy_views(prompt) if params.decoding.mode is DecodeMode.LOOKUP else ()
         gen = yield from self.prefill_and_decode(kv, delta, kept, params, on_text, t, tokens, slot, views)
-        t.ttft_ms = t.scoring_ms + t.prompt_ms + gen.first_token_s * 1e3
+        t.ttft_ms = t.recall_ms + t.scoring_ms + t.prompt_ms + gen.first_token_s * 1e3
         if persistent:
             # the speculator catches up on what it lacks (a skipped turn, the reply) only when a
             # later turn scores: never on this reply's path
@@ -336,6 +341,27 @@ class Engine:
         if start is not None:
             start.account(t)
         return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q, gen.stop_sequence)
+
+    def _recall(self, prompt: Prompt, policy: PrefillPolicy, kv: TokenCells, seq: Seq, t: Timings) -> TurnSteps[None]:
+        """Prefill back the tokens earlier turns dropped on lines this request names
+        (core.kv.recall), where the session's cells sit at their logical positions."""
+        sel = policy.selection
+        if not (policy.enabled and sel.named_lines and sel.max_recall_tokens) or self.recaller.busy:
+            return
+        pos = np.asarray(kv.kv_pos, dtype=np.int64)
+        dropped = pos < 0
+        if not dropped.any() or not np.all(dropped | (pos == np.arange(pos.size))):
+            return
+        names = self._request_names(prompt)
+        lines = lines_of([self.target.token_bytes(x) for x in kv.tokens], names) if names else None
+        found = recall(dropped, lines, sel.max_recall_tokens, max_line_tokens=sel.max_line_tokens) \
+            if lines is not None else dropped[:0]
+        if not found.size:
+            return
+        t0 = time.perf_counter()
+        cost = self.costs.target
+        yield from self.recaller.run(seq, kv, found, seq.ctx.movable_labels and cost.relabels(kv.n_cached))
+        t.recalled_n, t.recall_ms = int(found.size), (time.perf_counter() - t0) * 1e3
 
     def _scores_ahead(self, policy: PrefillPolicy, kv: SessionKV, tokens: tuple[int, ...], dense: int) -> bool:
         """Whether a turn that is not scored, and prefills ``dense`` tokens into the target,

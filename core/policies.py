@@ -91,6 +91,9 @@ class Selection:
     code_skeleton: bool = per_request(True)  # source code: top-level and def lines kept whatever their scores
     named_lines: bool = per_request(True)  # lines naming what the request names, and named defs' blocks
     max_line_tokens: int = per_request(96, 0, 65536)  # longer lines (one-line JSON, prose) are not widened
+    # earlier turns' dropped tokens on lines the request names, prefilled back before this turn's
+    # (core.kv.recall): a follow-up asks for code an earlier turn's selection left out
+    max_recall_tokens: int = per_request(512, 0, 65536)
 
     def __post_init__(self) -> None:
         _require(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")
@@ -100,6 +103,7 @@ class Selection:
         _require(self.keep_first >= 0 and self.keep_last >= 1, "keep_first must be >= 0 and keep_last >= 1")
         _require(self.max_keep >= 0, f"max_keep must be >= 0, got {self.max_keep}")
         _require(self.max_line_tokens >= 0, f"max_line_tokens must be >= 0, got {self.max_line_tokens}")
+        _require(self.max_recall_tokens >= 0, f"max_recall_tokens must be >= 0, got {self.max_recall_tokens}")
 
 
 @dataclass(slots=True, frozen=True)

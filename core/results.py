@@ -66,6 +66,8 @@ class Timings:
     kept_runs: int = 0  # contiguous runs those tokens form
     content_kind: str = ""  # of the tokens free to drop (core.specprefill.content), when the planner looked
     prompt_ms: float = 0.0  # the target's prefill
+    recalled_n: int = 0  # earlier turns' dropped tokens prefilled back first: lines this request names (core.kv.recall)
+    recall_ms: float = 0.0  # that prefill, with taking the later cells out and back (part of the TTFT)
     speculator_cache_n: int = 0  # speculator tokens reused from the session
     speculator_prefill_n: int = 0  # prompt tokens prefilled into the speculator this turn
     speculator_prefill_ms: float = 0.0
@@ -130,6 +132,8 @@ class Timings:
                         "prefix_bytes": self.prefix_bytes, "prefix_spliced_n": self.prefix_spliced_n})
         if self.max_tokens_asked:
             out["max_tokens_asked"] = self.max_tokens_asked
+        if self.recalled_n:
+            out.update({"recalled_n": self.recalled_n, "recall_ms": round(self.recall_ms, 2)})
         if self.constraint:
             out.update({"constraint": self.constraint, "grammar_ms": round(self.grammar_ms, 2),
                         "mask_ms": round(self.mask_ms, 2)})

@@ -43,11 +43,13 @@ if TYPE_CHECKING:
     from core.prompt import Prompt
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests/fixtures/clients/claude_code_first.json"
-def _selection(**on: bool) -> PrefillPolicy:
-    """A selection with exactly the line and code options named (whatever the defaults are)."""
+def _selection(recall: int = 0, **on: bool) -> PrefillPolicy:
+    """A selection with exactly the line and code options named (whatever the defaults are),
+    recalling up to ``recall`` tokens an earlier turn dropped (core.kv.recall)."""
     flags = {"whole_lines": False, "code_blocks": False, "code_skeleton": False, "named_lines": False, **on}
     return PrefillPolicy(selection=Selection(whole_lines=flags["whole_lines"], code_blocks=flags["code_blocks"],
-                                             code_skeleton=flags["code_skeleton"], named_lines=flags["named_lines"]))
+                                             code_skeleton=flags["code_skeleton"], named_lines=flags["named_lines"],
+                                             max_recall_tokens=recall))
 
 
 POLICIES = {  # the arms a run may name: the dense reference and SpecPrefill settings
@@ -58,7 +60,7 @@ POLICIES = {  # the arms a run may name: the dense reference and SpecPrefill set
     "blocks": _selection(whole_lines=True, code_blocks=True),
     "skeleton": _selection(whole_lines=True, code_blocks=True, code_skeleton=True),
     "named": _selection(whole_lines=True, named_lines=True),
-    "copy": _selection(whole_lines=True, code_skeleton=True, named_lines=True),
+    "copy": _selection(whole_lines=True, code_skeleton=True, named_lines=True),  # the default before recall
 }
 ARMS = ("dense", "default")
 AGREE_TOKENS = 32
@@ -136,7 +138,8 @@ class Conversation:
             replies[arm] = list(res.tokens)
             out[arm] = {"correct": correct(q, res.text), "ttft_s": round(t.ttft_ms / 1e3, 2),
                         "specprefill": t.specprefill, "kept_pct": round(t.kept_pct, 1), "prompt_n": t.prompt_n,
-                        "cache_n": t.cache_n, "reply": res.text[:400]}
+                        "cache_n": t.cache_n, "recalled_n": t.recalled_n, "recall_s": round(t.recall_ms / 1e3, 2),
+                        "reply": res.text[:400]}
         dense = replies["dense"]
         nll_dense = reply_nll(self.engine, self.kv["dense"], self.slot["dense"], len(prompt), dense)
         for arm in self.arms[1:]:

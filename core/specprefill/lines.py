@@ -114,7 +114,7 @@ def widen(kept: np.ndarray, lines: Lines, whole_lines: bool, blocks: bool, max_b
     if blocks:  # the blocks the scores chose: the skeleton's def lines open none
         line_kept |= _blocks(line_kept, lines, max_block_lines)
     if named:
-        named_lines = (lines.named | _blocks(lines.named, lines, max_block_lines)) & short
+        named_lines = named_with_blocks(lines, max_block_lines, max_line_tokens)
         line_kept |= named_lines
         kept = kept | named_lines[lines.of_token]  # whole, even where lines are not widened
     if skeleton:
@@ -122,6 +122,24 @@ def widen(kept: np.ndarray, lines: Lines, whole_lines: bool, blocks: bool, max_b
         line_kept |= lines.skeleton
     widened = (line_kept & short)[lines.of_token]
     return kept | widened if whole_lines else kept | (widened & ~_touched(kept, lines))
+
+
+def named_with_blocks(lines: Lines, max_block_lines: int = 80, max_line_tokens: int = 0) -> np.ndarray:
+    """Per line: it holds a name looked for, or lies in the block a named ``def`` or
+    ``class`` line opens; lines longer than ``max_line_tokens`` (0: no bound) are not."""
+    return (lines.named | _blocks(lines.named, lines, max_block_lines)) & lines.short(max_line_tokens)
+
+
+def recall(dropped: np.ndarray, lines: Lines, max_tokens: int, max_block_lines: int = 80,
+           max_line_tokens: int = 0) -> np.ndarray:
+    """The tokens of earlier turns to bring back into the target's cache: those a sparse
+    prefill dropped (``dropped``, a boolean mask over the history) on a line the request names
+    or in a named ``def``'s block.  A later question about a file read turns ago ("now copy
+    ``other_function``") needs lines no earlier request named, and the scorer never saw it.
+    Indices, ascending; the newest ``max_tokens`` of them when there are more."""
+    named = named_with_blocks(lines, max_block_lines, max_line_tokens)[lines.of_token]
+    found = np.flatnonzero(dropped & named)
+    return found[-max_tokens:] if max_tokens > 0 else found[:0]
 
 
 def _touched(kept: np.ndarray, lines: Lines) -> np.ndarray:

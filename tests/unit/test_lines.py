@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.specprefill.lines import lines_of, names_in, widen
+from core.specprefill.lines import lines_of, names_in, recall, widen
 
 SOURCE = ["x = 1\n", "def foo(a):\n", "    b = a\n", "\n", "    return b\n", "y = 2\n", "class K:\n",
           "    def m(self):\n", "        pass\n", "z = 3\n"]
@@ -118,3 +118,20 @@ def test_lines_longer_than_the_bound_stay_as_scored():
     assert "y = 2" in kept_text(p, out) and "x = 1" in kept_text(p, out)  # short lines: widened, skeleton
     unbounded = widen(mask, info, whole_lines=True, blocks=False, named=True)
     assert unbounded[info.of_token == 1].all()
+
+
+def test_recall_brings_back_the_dropped_tokens_of_a_named_def_and_nothing_else():
+    p = pieces("".join(SOURCE))
+    info = lines_of(p, frozenset({b"foo"}))
+    dropped = np.ones(len(p), dtype=bool)
+    dropped[:at(p, b"def foo")] = False  # what comes before the def is held
+    got = recall(dropped, info, max_tokens=1000)
+    text = kept_text(p, np.isin(np.arange(len(p)), got))
+    assert "def foo(a):" in text and "return b" in text and "class K" not in text
+    assert np.all(dropped[got]) and np.all(np.diff(got) > 0)
+    none_dropped = recall(np.zeros(len(p), dtype=bool), info, max_tokens=1000)
+    assert none_dropped.size == 0
+    newest = recall(dropped, info, max_tokens=3)
+    assert list(newest) == list(got[-3:])
+    assert recall(dropped, info, max_tokens=0).size == 0
+    assert recall(dropped, lines_of(p), max_tokens=1000).size == 0  # nothing named
