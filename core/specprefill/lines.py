@@ -6,15 +6,16 @@ and a function whose ``def`` line the scorer found is of no use without its body
 line-oriented content:
 
 - **whole lines**: a line any of whose tokens is kept is kept whole;
-- **code blocks**: a kept line that opens a block (``def``, ``async def``, ``class``) keeps
-  the lines indented under it, up to ``max_block_lines``;
+- **code blocks**: a kept line that opens a block (``def``, ``async def``, ``class``, or a
+  line ending with ``{`` or ``[``) keeps the lines indented under it, up to ``max_block_lines``;
 - **the code's skeleton**: in source code, the top-level imports, decorators and assignments
   (constants) and every ``def`` and ``class`` line, kept whatever the scores: what a later
   question about the file needs first (a constant's value, where a name is defined, with the
   ``cat -n`` number in front of it), and what a kept block hangs from;
 - **named lines**: a line that holds an identifier the turn's request names (the last user
   message and the tool calls after it: ``parse_header``, ``MAX_RETRIES``, a name in
-  backticks) is kept whatever its scores, and a named ``def`` or ``class`` keeps its block:
+  backticks, and a quoted path's parts) is kept whatever its scores, and a named line that opens a
+  block (``def``, ``class``, a JSON key or literal ending with ``{`` or ``[``) keeps it:
   the speculator's lookahead sees the end of the prompt, often far from the question, and the
   lines a request names are the ones its answer copies.
 
@@ -39,14 +40,16 @@ NUMBERED = re.compile(rb"^\s*\d+\t")  # cat -n / Read: the line number and a tab
 OPENS = (b"def ", b"async def ", b"class ")
 TOP_LEVEL = re.compile(rb"^(import |from |@|[A-Za-z_][A-Za-z0-9_]*\s*(:[^=]*)?=[^=])")  # imports, decorators, names
 WORD = re.compile(r"`([^`\s]{2,64})`|([A-Za-z_][A-Za-z0-9_]{2,63})")
+PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{1,63}")
 MAX_NAMES = 32
+BRACES = (b"{", b"[")  # a line ending with one opens a block: a JSON or JS object, a list or dict literal
 
 
 @dataclass(slots=True, frozen=True)
 class Lines:
     of_token: np.ndarray  # int64: the line each token belongs to
     indent: np.ndarray  # int64 per line: leading spaces after any line number; -1 for a blank line
-    opens: np.ndarray  # bool per line: it opens a block (def, class)
+    opens: np.ndarray  # bool per line: it opens a block (def, class, or a line ending with { or [)
     skeleton: np.ndarray  # bool per line: a def or class line, or a top-level import, decorator or assignment
     named: np.ndarray  # bool per line: it holds one of the names looked for
     n_tokens: np.ndarray  # int64 per line: the tokens that start in it
@@ -62,10 +65,15 @@ def names_in(text: str) -> frozenset[bytes]:
     not names, so "the function" keeps no line that says "function"."""
     found: list[bytes] = []
     for quoted, word in WORD.findall(text):
-        name = quoted or word
-        if quoted or "_" in name.strip("_") or any(c.isdigit() for c in name) or any(c.isupper() for c in name[1:]):
-            found.append(name.encode())
+        if quoted or _code_shaped(word):
+            found.append((quoted or word).encode())
+        if quoted:  # a quoted path (`services.cache_pool.ttl_ms`) names its code-shaped parts: lines hold those
+            found += [part.encode() for part in PART.findall(quoted) if part != quoted and _code_shaped(part)]
     return frozenset(list(dict.fromkeys(found))[:MAX_NAMES])
+
+
+def _code_shaped(word: str) -> bool:
+    return "_" in word.strip("_") or any(c.isdigit() for c in word) or any(c.isupper() for c in word[1:])
 
 
 def lines_of(pieces: Sequence[bytes], names: frozenset[bytes] = frozenset()) -> Lines:
@@ -85,8 +93,9 @@ def lines_of(pieces: Sequence[bytes], names: frozenset[bytes] = frozenset()) -> 
         body = line.lstrip(b" ")
         if body.strip():
             indent[i] = len(line) - len(body)
-            opens[i] = body.startswith(OPENS)
-            skeleton[i] = opens[i] or (indent[i] == 0 and TOP_LEVEL.match(body) is not None)
+            defines = body.startswith(OPENS)
+            opens[i] = defines or body.rstrip().endswith(BRACES)
+            skeleton[i] = defines or (indent[i] == 0 and TOP_LEVEL.match(body) is not None)
             named[i] = pattern is not None and pattern.search(body) is not None
     n_tokens = np.bincount(of_token, minlength=len(text)).astype(np.int64)
     return Lines(of_token, indent, opens, skeleton, named, n_tokens)

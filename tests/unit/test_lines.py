@@ -135,3 +135,16 @@ def test_recall_brings_back_the_dropped_tokens_of_a_named_def_and_nothing_else()
     assert list(newest) == list(got[-3:])
     assert recall(dropped, info, max_tokens=0).size == 0
     assert recall(dropped, lines_of(p), max_tokens=1000).size == 0  # nothing named
+
+
+def test_a_quoted_path_names_its_code_shaped_parts_and_a_named_json_key_keeps_its_object():
+    names = names_in("Read config/plant.json and tell me the value of `services.cursor_signal.ledger_max`.")
+    assert {b"cursor_signal", b"ledger_max"} <= names and b"services" not in names
+    doc = ('{\n  "services": {\n    "cursor_signal": {\n      "ledger_max": 25589,\n      "plume_mode": "cold"\n'
+           '    },\n    "relay_kernel": {\n      "socket_ms": 7\n    }\n  }\n}\n')
+    p = pieces(doc)
+    mask = np.zeros(len(p), dtype=bool)
+    mask[-1] = True
+    text = kept_text(p, widen(mask, lines_of(p, frozenset({b"cursor_signal"})), whole_lines=True, blocks=False,
+                              named=True))
+    assert '"ledger_max": 25589' in text and '"plume_mode": "cold"' in text and "socket_ms" not in text
