@@ -301,8 +301,9 @@ class Engine:
         delta = tokens[q:]
         t = Timings(position_mode=policy.position_mode, context_n=n, cache_n=q,
                     speculator_cache_n=p, turn_kind=turn_kind(prompt, params))
-        if persistent:
-            yield from self._recall(prompt, policy, kv.target, target, t)
+        names = self._request_names(prompt) if policy.selection.named_lines else frozenset()
+        if persistent and names:
+            yield from self._recall(prompt, names, policy, kv.target, target, t)
         params = self._ceiling(params, n, t)
         sync = self.spec.plan_sync(kv, tokens[:-1])  # decided once: the plan and the scoring agree
         decision = self.plan(prompt, policy, kv, sync=sync)
@@ -314,7 +315,6 @@ class Engine:
             protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
             sel = policy.selection
             widened = sel.whole_lines or sel.code_blocks or sel.code_skeleton or sel.named_lines
-            names = self._request_names(prompt) if sel.named_lines else frozenset()
             lines = lines_of([self.target.token_bytes(x) for x in delta], names) if widened else None
             kept = select_tokens(scores, sel, protected, lines, decision.kind is ContentKind.CODE)
             if policy.position_mode == "original" and policy.bridge:
@@ -342,9 +342,11 @@ class Engine:
             start.account(t)
         return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q, gen.stop_sequence)
 
-    def _recall(self, prompt: Prompt, policy: PrefillPolicy, kv: TokenCells, seq: Seq, t: Timings) -> TurnSteps[None]:
-        """Prefill back the tokens earlier turns dropped on lines this request names
-        (core.kv.recall), where the session's cells sit at their logical positions."""
+    def _recall(self, prompt: Prompt, names: frozenset[bytes], policy: PrefillPolicy, kv: TokenCells, seq: Seq,
+                t: Timings) -> TurnSteps[None]:
+        """Prefill back the tokens earlier turns dropped on lines naming one of ``names``
+        (core.kv.recall), where the session's cells sit at their logical positions.  Lines are
+        read from the message holding the first dropped token on: none before it can be recalled."""
         sel = policy.selection
         if not (policy.enabled and sel.named_lines and sel.max_recall_tokens) or self.recaller.busy:
             return
@@ -352,10 +354,10 @@ class Engine:
         dropped = pos < 0
         if not dropped.any() or not np.all(dropped | (pos == np.arange(pos.size))):
             return
-        names = self._request_names(prompt)
-        lines = lines_of([self.target.token_bytes(x) for x in kv.tokens], names) if names else None
-        found = recall(dropped, lines, sel.max_recall_tokens, max_line_tokens=sel.max_line_tokens) \
-            if lines is not None else dropped[:0]
+        first = int(np.argmax(dropped))
+        start = max((s.start for s in prompt.spans if s.start <= first), default=0)
+        lines = lines_of([self.target.token_bytes(x) for x in kv.tokens[start:]], names)
+        found = recall(dropped[start:], lines, sel.max_recall_tokens, max_line_tokens=sel.max_line_tokens) + start
         if not found.size:
             return
         t0 = time.perf_counter()
