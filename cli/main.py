@@ -48,6 +48,9 @@ HELP = {
               "target-early:R (first R blocks)",
     "scoring_window": "the scoring model prefills long prompts attending to the first 64 and the last this many "
                       "cells; the scored rows see all (0 = off)",
+    "max_context_tokens": "the longest prompt a turn may send, in tokens (0 = 4x the window); past the window a "
+                          "session keeps its least important cells out (scored eviction), past this it gets a 400",
+    "recent_tokens": "past the window, a conversation's last this many tokens stay whole where they can",
     "score_agg": "max (over heads and layers) | filter-sum | filter-max (the scorer's last layer, GemFilter)",
     "guard_mode": "structural (keep structure dense, sparsify tool results) | skip (no SpecPrefill with tools)",
     "speculative": "speculative decoding: the speculator drafts, the target verifies",

@@ -47,6 +47,9 @@ class EngineConfig:
     progress_log_s: float = 10.0  # a long prefill logs its progress (tokens done, rate, time left) this often
     scoring_window: int = 2048  # the scoring model prefills long prompts with each token attending to the first
     # 64 and the last this many cells (core/kv/scoring_window.py); the scored rows still see all; 0 = off
+    max_context_tokens: int = 0  # the longest prompt a turn may send (logical tokens); 0 = 4x the window.
+    # Past the window a session drops its least important cells (core/kv/eviction.py); past this, a 400
+    recent_tokens: int = 8192  # eviction keeps a conversation's last this many tokens whole, where it can
     scorer: str = "speculator-q4_0"  # the model that scores prompts (core/models/scorer_cuts.py): the speculator
     # re-quantized to Q4_0 (scored 1.5x faster and kept every answer, results/scorers.md); speculator-full, the
     # file as given; speculator-early:R, target-early:R -- the first R blocks of either model
@@ -63,6 +66,8 @@ class EngineConfig:
         _require(self.prefill_share >= 0, f"prefill_share must be >= 0, got {self.prefill_share}")
         _require(self.progress_log_s > 0, f"progress_log_s must be > 0, got {self.progress_log_s}")
         _require(self.slots < self.n_batch, f"n_batch ({self.n_batch}) must exceed slots ({self.slots})")
+        _require(self.max_context_tokens >= 0, f"max_context_tokens must be >= 0, got {self.max_context_tokens}")
+        _require(self.recent_tokens >= 0, f"recent_tokens must be >= 0, got {self.recent_tokens}")
         _require(self.speculator_n_ctx >= 0, f"speculator_n_ctx must be >= 0, got {self.speculator_n_ctx}")
         _require(self.n_threads >= 1, f"n_threads must be >= 1, got {self.n_threads}")
         _require(1 <= self.n_ubatch <= self.n_batch, "need 1 <= n_ubatch <= n_batch")
@@ -75,6 +80,12 @@ class EngineConfig:
     def scorer_drafts(self) -> bool:
         """Whether the scoring model is a whole speculator (speculative decoding drafts with it)."""
         return Scorer.parse(self.scorer).drafts
+
+    @property
+    def context_limit(self) -> int:
+        """The longest prompt a turn may send: ``max_context_tokens``, else 4x the window
+        (both models' contexts; a session past it packs its cells)."""
+        return self.max_context_tokens or 4 * min(self.n_ctx, self.speculator_ctx_len)
 
     @property
     def speculator_ctx_len(self) -> int:

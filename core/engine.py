@@ -32,6 +32,7 @@ from core.decoding.specattn import SparseVerify, layer_weights
 from core.decoding.speculative import SpeculativeDecoder
 from core.errors import EmptyPrompt, InvalidRequest, PromptTooLong
 from core.kv import cells
+from core.kv.eviction import plan_fit, protected
 from core.kv.positions import (
     SessionKV,
     SpeculatorSync,
@@ -42,6 +43,7 @@ from core.kv.recall import Recall
 from core.kv.scoring_window import ScoringWindow
 from core.kv.slot_cells import SlotCells
 from core.kv.sparse_prefill import sparse_prefill
+from core.kv.window_fit import apply_fit
 from core.llama import seq_cells
 from core.llama.capture import make_capture
 from core.llama.context import Context, Seq
@@ -73,6 +75,7 @@ def turn_kind(prompt: Prompt, params: TurnParams) -> str:
 
 
 NOT_NAMES = re.compile(r'<\|[^|]*\|>|"[A-Za-z_]\w*"\s*:')  # special tokens, JSON keys
+REPLY_ROOM = 1024  # cells a turn leaves for its reply before the session evicts (max_tokens if less)
 KIND_SAMPLE = 4096  # tokens read to tell code from logs and prose (core.specprefill.content)
 
 
@@ -187,7 +190,7 @@ class Engine:
         n = len(prompt)
         if n == 0:
             raise EmptyPrompt("the prompt is empty")
-        limit = min(self.target_ctx.n_ctx, self.speculator_ctx.n_ctx) - 1
+        limit = self.config.context_limit
         if n > limit:
             raise PromptTooLong(n, limit)
 
@@ -196,6 +199,7 @@ class Engine:
         request must not cost it its cache): the prompt against the context, and a decoding
         mode this server cannot run (:class:`InvalidRequest`)."""
         self.check_prompt(prompt)
+        self._check_fits(prompt, params)
         policy = params.decoding
         if policy.mode is DecodeMode.SPECATTN and self.target_ctx.view_seq < 0:
             raise InvalidRequest("specattn needs a unified KV cache: start the server with --kv-layout unified "
@@ -203,6 +207,21 @@ class Engine:
         if policy.mode is not DecodeMode.PLAIN and not self.config.scorer_drafts:
             raise InvalidRequest(f"speculative decoding drafts with a whole speculator, but this server scores "
                                  f"with {self.config.scorer}: start it with --scorer speculator-full")
+
+    @property
+    def kv_window(self) -> int:
+        """The cells a session may hold in both models (past it, it evicts: :meth:`_fit`)."""
+        return min(self.target_ctx.n_ctx, self.speculator_ctx.n_ctx) - 1
+
+    def _check_fits(self, prompt: Prompt, params: TurnParams) -> None:
+        """A prompt past the window is served only if what eviction never drops (its
+        instructions, user messages and tool calls: core.kv.eviction) fits with room for the
+        reply."""
+        if len(prompt) <= self.kv_window:
+            return
+        must = int(protected(len(prompt), prompt.spans, 0).sum()) + min(params.sampling.max_tokens, REPLY_ROOM)
+        if must > self.kv_window:
+            raise PromptTooLong(must, self.kv_window, "what a prompt past the window must keep, with its reply,")
 
     def _ceiling(self, params: TurnParams, n: int, t: Timings) -> TurnParams:
         """``max_tokens`` is a ceiling, never a refusal: clamped to what the context leaves
@@ -292,7 +311,6 @@ class Engine:
             self.slot_cells.load(None, slot)
         target = self.target_ctx.seq(slot)
         policy = params.prefill
-        t_start = time.perf_counter()
         tokens, n = prompt.tokens, len(prompt)
         # the last prompt token is always decoded again: its logits start generation
         q = min(common_prefix(kv.target.tokens, tokens), n - 1)
@@ -304,14 +322,22 @@ class Engine:
         names = self._request_names(prompt) if policy.selection.named_lines else frozenset()
         if persistent and names:
             yield from self._recall(prompt, names, policy, kv.target, target, t)
-        params = self._ceiling(params, n, t)
+        absorbed = yield from self._fit(prompt, params, kv, slot, t)
+        before_fit, q = q, len(kv.target.tokens)  # past q: new tokens the fit prefilled already
+        delta = tokens[q:]
+        if kv.target.packed:
+            params = self._packed_decoding(params)
+        t.physical_n = kv.target.end_pos + len(delta)
+        params = self._ceiling(params, t.physical_n, t)
+        t_start = time.perf_counter()  # scoring's share of the TTFT starts here
         sync = self.spec.plan_sync(kv, tokens[:-1])  # decided once: the plan and the scoring agree
         decision = self.plan(prompt, policy, kv, sync=sync)
         t.specprefill, t.specprefill_reason = decision.status.value, decision.reason
         t.content_kind = decision.kind.value
         kept = np.arange(len(delta))
         if decision.score:
-            scores = (yield from self.score(kv, tokens, policy, t, slot, sync))[q:]
+            kv.scores = yield from self.score(kv, tokens, policy, t, slot, sync)
+            scores = kv.scores[q:]
             protected = tuple((max(0, a - q), b - q) for a, b in decision.protected if b > q)
             sel = policy.selection
             widened = sel.whole_lines or sel.code_blocks or sel.code_skeleton or sel.named_lines
@@ -329,10 +355,10 @@ class Engine:
             t0 = time.perf_counter()
             yield from self.spec.sync(self.speculator_ctx.seq(slot), kv.speculator, tokens[:-1], t)
             t.scoring_ms = (time.perf_counter() - t0) * 1e3
-        t.prompt_n, t.kept_runs = int(kept.size), len(runs(kept))
+        t.prompt_n, t.kept_runs = int(kept.size) + absorbed, len(runs(kept))
         views = self._copy_views(prompt) if params.decoding.mode is DecodeMode.LOOKUP else ()
         gen = yield from self.prefill_and_decode(kv, delta, kept, params, on_text, t, tokens, slot, views)
-        t.ttft_ms = t.recall_ms + t.scoring_ms + t.prompt_ms + gen.first_token_s * 1e3
+        t.ttft_ms = t.recall_ms + t.evict_ms + t.scoring_ms + t.prompt_ms + gen.first_token_s * 1e3
         if persistent:
             # the speculator catches up on what it lacks (a skipped turn, the reply) only when a
             # later turn scores: never on this reply's path
@@ -340,7 +366,31 @@ class Engine:
             t.speculator_deferred_n = len(context) - common_prefix(kv.speculator.tokens, context)
         if start is not None:
             start.account(t)
-        return Result(gen.text, gen.finish_reason, gen.tokens, t, kept + q, gen.stop_sequence)
+        held = np.flatnonzero(np.asarray(kv.target.kv_pos[before_fit:q]) >= 0) + before_fit
+        return Result(gen.text, gen.finish_reason, gen.tokens, t, np.concatenate((held, kept + q)), gen.stop_sequence)
+
+    def _fit(self, prompt: Prompt, params: TurnParams, kv: SessionKV, slot: int, t: Timings) -> TurnSteps[int]:
+        """Make the turn fit the window: past it, the session drops its least important cells
+        and packs the rest (core.kv.eviction, core.kv.window_fit).  Returns the new tokens
+        prefilled on the way (a prompt longer than the window, with too little cached)."""
+        reply = min(params.sampling.max_tokens, REPLY_ROOM)
+        fit = plan_fit(prompt, kv.target, kv.scores_over(len(prompt), len(kv.target.tokens)), self.kv_window, reply,
+                       self.config.recent_tokens)
+        if fit is None:
+            return 0
+        t0 = time.perf_counter()
+        added = yield from apply_fit(fit, prompt.tokens, kv, self.target_ctx.seq(slot), self.speculator_ctx.seq(slot))
+        t.evicted_n, t.evict_ms = fit.dropped, (time.perf_counter() - t0) * 1e3
+        return added
+
+    @staticmethod
+    def _packed_decoding(params: TurnParams) -> TurnParams:
+        """Draft-model and SpecAttn decoding keep the drafting model at the target's logical
+        positions, which a packed session no longer has: it decodes plainly (or by lookup)."""
+        if params.decoding.mode not in (DecodeMode.SPECULATIVE, DecodeMode.SPECATTN):
+            return params
+        return dataclasses.replace(params, decoding=dataclasses.replace(params.decoding, speculative=False,
+                                                                        specattn=False))
 
     def _recall(self, prompt: Prompt, names: frozenset[bytes], policy: PrefillPolicy, kv: TokenCells, seq: Seq,
                 t: Timings) -> TurnSteps[None]:
@@ -402,7 +452,7 @@ class Engine:
                            views: tuple[int, ...] = ()) -> TurnSteps[Generation]:
         seq, kv, mode = self.target_ctx.seq(slot), kv_all.target, params.prefill.position_mode
         # original mode keeps logical positions (bridging any gap); compact packs after the cache
-        base = len(kv.tokens) if mode == "original" else kv.next_pos
+        base = kv.end_pos if mode == "original" else kv.next_pos
         cells, cost = kv.n_cached, self.costs.target
         t0 = time.perf_counter()
         n_past, idx = yield from sparse_prefill(seq, delta, kept, mode, base,

@@ -68,6 +68,9 @@ class Timings:
     prompt_ms: float = 0.0  # the target's prefill
     recalled_n: int = 0  # earlier turns' dropped tokens prefilled back first: lines this request names (core.kv.recall)
     recall_ms: float = 0.0  # that prefill, with taking the later cells out and back (part of the TTFT)
+    physical_n: int = 0  # the target's KV positions the prompt takes (below context_n once cells were packed)
+    evicted_n: int = 0  # cells this turn gave up (and prompt tokens it never prefilled) to fit the window
+    evict_ms: float = 0.0  # choosing them, packing both models' cells and prefilling what stayed (part of the TTFT)
     speculator_cache_n: int = 0  # speculator tokens reused from the session
     speculator_prefill_n: int = 0  # prompt tokens prefilled into the speculator this turn
     speculator_prefill_ms: float = 0.0
@@ -132,6 +135,9 @@ class Timings:
                         "prefix_bytes": self.prefix_bytes, "prefix_spliced_n": self.prefix_spliced_n})
         if self.max_tokens_asked:
             out["max_tokens_asked"] = self.max_tokens_asked
+        if self.evicted_n or 0 < self.physical_n != self.context_n:
+            out.update({"physical_n": self.physical_n, "evicted_n": self.evicted_n,
+                        "evict_ms": round(self.evict_ms, 2)})
         if self.recalled_n:
             out.update({"recalled_n": self.recalled_n, "recall_ms": round(self.recall_ms, 2)})
         if self.constraint:

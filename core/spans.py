@@ -24,3 +24,12 @@ def runs(indices: np.ndarray) -> list[tuple[int, int]]:
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [indices.size]))
     return [(int(indices[s]), int(indices[e - 1]) + 1) for s, e in zip(starts, ends, strict=False)]
+
+
+def runs_of_equal(values: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) runs of equal consecutive ``values``."""
+    if values.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(values) != 0) + 1
+    edges = np.concatenate(([0], breaks, [values.size]))
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]

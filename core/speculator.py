@@ -43,7 +43,7 @@ class Speculator:
         """How the speculator reaches ``tokens`` for scoring: as it is, or rebuilt as the
         target's mirror when that is cheaper by the measured costs (core.kv.positions)."""
         return plan_speculator_sync(kv.speculator, kv.target, tokens, self.costs.speculator.seconds, self.calls,
-                                    self.costs.speculator.bridge_s)
+                                    self.costs.speculator.bridge_s, self.ctx.n_ctx - 1)
 
 
     def capture_steps(self, kv_all: SessionKV, tokens: tuple[int, ...], lookahead: int, t: Timings,
@@ -88,7 +88,7 @@ class Speculator:
         returns the next position.  Every such prefill also refreshes the measured
         speculator speed."""
         if sync is not None and sync.rebuild is not None:
-            yield from self._mirror(seq, kv, tokens[:sync.start], np.asarray(sync.rebuild), t)
+            yield from self._mirror(seq, kv, tokens[:sync.start], np.asarray(sync.rebuild), t, sync.packed)
         else:
             cells.rollback(seq, kv, min(common_prefix(kv.tokens, tokens), len(tokens)))
         delta = tokens[len(kv.tokens):]
@@ -107,18 +107,20 @@ class Speculator:
         return base + len(delta)
 
     def _mirror(self, seq: Seq, kv: TokenCells, history: Sequence[int], held: np.ndarray,
-                t: Timings) -> TurnSteps[None]:
+                t: Timings, packed: bool = False) -> TurnSteps[None]:
         """Empty the speculator's sequence and prefill only ``history[held]`` (the target's
-        cells) at their logical positions, so later tokens attend to what the target kept."""
+        cells) at their logical positions (``packed``: at 0..K-1, as a packed target holds
+        them), so later tokens attend to what the target kept."""
         cells.reset(seq, kv)
         t0 = time.perf_counter()
         cost = self.costs.speculator
-        yield from sparse_prefill(seq, history, held, "original", 0,
+        mode = "compact" if packed else "original"
+        yield from sparse_prefill(seq, history, held, mode, 0,
                                   seq.ctx.movable_labels and cost.relabels(held.size // 2))
-        n_runs = len(runs(held))
+        n_runs = 1 if packed else len(runs(held))
         cost.observe(int(held.size), 0, n_runs, time.perf_counter() - t0 - (n_runs - 1) * cost.bridge_s(held.size // 2))
         positions = np.full(len(history), -1)
-        positions[held] = held
+        positions[held] = np.arange(held.size) if packed else held
         kv.extend(history, positions.tolist())
         t.speculator_prefill_n += int(held.size)
         t.speculator_mirrored_n = int(held.size)

@@ -36,10 +36,11 @@ def speculator_backlog(kv: SessionKV, limit: int) -> tuple[int, list[int]]:
     """What the scorer's sequence lacks of the target's logical tokens, where it can be
     caught up by a plain prefill: (the position to start at, the tokens, up to position
     ``limit``).  Only a scorer that holds a dense prefix of the target's tokens (each at its
-    own position: not mirroring a sparse target) is caught up; else (0, [])."""
+    own position: not mirroring a sparse target) is caught up, and not once the target's
+    cells were packed (its tokens may outnumber the window); else (0, [])."""
     spec, target = kv.speculator, kv.target
     n = len(spec.tokens)
-    if n >= len(target.tokens) or dense_prefix(spec, target.tokens) != n:
+    if target.packed or n >= len(target.tokens) or dense_prefix(spec, target.tokens) != n:
         return 0, []
     return n, target.tokens[n:max(n, limit)]
 
@@ -58,6 +59,21 @@ class TokenCells:
             if pos >= 0:
                 return pos + 1
         return 0
+
+    @property
+    def packed(self) -> int:
+        """Positions given up before the last cached token: 0 while each cell sits at its
+        logical position, more once cells were packed (compact mode, core.kv.packing)."""
+        for i in range(len(self.kv_pos) - 1, -1, -1):
+            if self.kv_pos[i] >= 0:
+                return i - self.kv_pos[i]
+        return 0
+
+    @property
+    def end_pos(self) -> int:
+        """The position the next logical token takes at its original distance from the last
+        cached one (trailing dropped tokens keep their gap)."""
+        return len(self.tokens) - self.packed
 
     @property
     def n_cached(self) -> int:
@@ -84,10 +100,21 @@ class SessionKV:
 
     target: TokenCells = field(default_factory=TokenCells)
     speculator: TokenCells = field(default_factory=TokenCells)
+    scores: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    # each logical token's importance from the last turn that scored (what eviction drops by)
 
     def reset(self) -> None:
         self.target.reset()
         self.speculator.reset()
+        self.scores = np.zeros(0, dtype=np.float32)
+
+    def scores_over(self, n: int, valid: int) -> np.ndarray:
+        """Importance of ``n`` logical tokens, of which the first ``valid`` are the tokens
+        last scored; NaN where no turn scored them."""
+        out = np.full(n, np.nan, dtype=np.float32)
+        m = min(n, valid, self.scores.size)
+        out[:m] = self.scores[:m]
+        return out
 
 
 def cached_indices(state: TokenCells, n: int | None = None) -> list[int]:
@@ -108,6 +135,7 @@ class SpeculatorSync:
     cells: int  # cells attended before that prefill
     rebuild: tuple[int, ...] | None = None
     rebuild_runs: int = 0  # the contiguous runs ``rebuild`` forms (one prefill call each)
+    packed: bool = False  # the rebuilt cells go at 0..K-1, as the target's packed cells are (core.kv.packing)
 
     @property
     def n_rebuild(self) -> int:
@@ -116,16 +144,21 @@ class SpeculatorSync:
 
 def plan_speculator_sync(spec: TokenCells, target: TokenCells, tokens: Sequence[int], cost: Cost,
                          calls: Callable[[int], int],
-                         bridge_s: Callable[[int], float] = lambda cells: 0.0) -> SpeculatorSync:
+                         bridge_s: Callable[[int], float] = lambda cells: 0.0,
+                         limit: int = 1 << 62) -> SpeculatorSync:
     """Rebuild the speculator as the target's mirror only when the new tokens' cheaper
     attention (fewer cells) repays re-prefilling the target's cells (run by run, a
-    bridge costing ``bridge_s(cells)`` between runs), by ``cost``."""
+    bridge costing ``bridge_s(cells)`` between runs), by ``cost``, or when staying would
+    take ``limit`` cells or more (a conversation past the window)."""
     keep = common_prefix(spec.tokens, tokens)
     cells = len(cached_indices(spec, keep))
     stay = SpeculatorSync(keep, cells)
+    fits = spec.end_pos - (len(spec.tokens) - keep) + len(tokens) - keep < limit
     q = common_prefix(target.tokens, tokens)
-    if not any(spec.kv_pos[i] >= 0 > target.kv_pos[i] for i in range(min(keep, q))):
+    if fits and not any(spec.kv_pos[i] >= 0 > target.kv_pos[i] for i in range(min(keep, q))):
         return stay  # the speculator holds nothing the target dropped
+    if q == 0:
+        return stay  # no target cells to mirror
     held = cached_indices(target, q)
     if held[-1:] != [q - 1]:
         held.append(q - 1)  # the last history token keeps logical positions contiguous after it
@@ -133,6 +166,6 @@ def plan_speculator_sync(spec: TokenCells, target: TokenCells, tokens: Sequence[
     m_stay, m_new = len(tokens) - keep, len(tokens) - q
     rebuild = (cost(len(held), 0, n_runs) + (n_runs - 1) * bridge_s(len(held) // 2)
                + cost(m_new, len(held), calls(m_new)))
-    if rebuild >= cost(m_stay, cells, calls(m_stay)):
+    if fits and rebuild >= cost(m_stay, cells, calls(m_stay)):
         return stay
-    return SpeculatorSync(q, len(held), tuple(held), n_runs)
+    return SpeculatorSync(q, len(held), tuple(held), n_runs, target.packed > 0)

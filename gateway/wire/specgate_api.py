@@ -17,16 +17,17 @@ routes = web.RouteTableDef()
 
 @routes.get("/v1/models")
 async def models(request: web.Request) -> web.Response:
-    """The one model, with the window clients size their prompts and compaction by: the
-    context (``context_length``, vLLM's ``max_model_len``, Anthropic-style ``context_window``)
-    and the most a reply may take (``max_output_tokens``)."""
+    """The one model, with the limit clients size their prompts and compaction by: the
+    longest prompt a turn may send (``context_length``, vLLM's ``max_model_len``,
+    Anthropic-style ``context_window``; past the model's window, ``kv_window``, a session
+    keeps its most important cells), and the most a reply may take (``max_output_tokens``)."""
     app = request.app
     cfg, limits = app[keys.CONFIG].engine, app[keys.CONFIG].gateway.limits
-    window = min(cfg.n_ctx, cfg.speculator_ctx_len)
+    window, limit = min(cfg.n_ctx, cfg.speculator_ctx_len), cfg.context_limit
     return web.json_response({"object": "list", "data": [{
         "id": app[keys.CONFIG].gateway.model_name, "object": "model", "created": int(app[keys.STARTED]),
         "owned_by": "specgate", "target": Path(cfg.target).name, "speculator": Path(cfg.speculator).name,
-        "context_length": window, "max_model_len": window, "context_window": window,
+        "context_length": limit, "max_model_len": limit, "context_window": limit, "kv_window": window,
         "max_output_tokens": min(limits.max_tokens_cap, window)}]})
 
 

@@ -80,7 +80,7 @@ async def start_turn(request: web.Request, session: Session, event: dict[str, An
             "stream": True}
     config = request.app[keys.CONFIG]
     req = await off_loop(chat_request.parse_chat, body, request.app[keys.DEFAULTS], session.id,
-                         config.gateway.limits, config.engine.n_ctx)
+                         config.gateway.limits, config.engine.context_limit)
     return request.app[keys.RUNNER].start(req, session, session.owner)
 
 

@@ -305,8 +305,12 @@ def test_spans_cost_two_template_renders_whatever_the_message_count(tiny_engine,
 def test_empty_and_too_long_prompts(tiny_engine):
     with pytest.raises(EmptyPrompt):
         tiny_engine.run(Prompt(()), with_sampling(ALWAYS, GREEDY))
-    with pytest.raises(PromptTooLong, match=r"5000 tokens .* 4095"):
+    with pytest.raises(PromptTooLong, match=r"must keep.* \d+ tokens .* 4095$"):  # a raw prompt: all of it stays
         tiny_engine.run(Prompt(tuple([100] * 5000)), with_sampling(ALWAYS, GREEDY))
+    limit = tiny_engine.config.context_limit
+    assert limit == 4 * 4096
+    with pytest.raises(PromptTooLong, match=rf"{limit + 1} tokens .* {limit}$"):
+        tiny_engine.run(Prompt(tuple([100] * (limit + 1))), with_sampling(ALWAYS, GREEDY))
 
 
 def test_model_file_errors(tmp_path, tiny_target):

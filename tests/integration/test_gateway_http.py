@@ -129,7 +129,9 @@ def test_bad_input_gets_precise_errors(gateway):
                                             json={"messages": [{"role": "user", "content": "x"}]}))
     assert (status, code) == (400, "invalid_request") and "session id" in msg
     status, code, msg = error_of(httpx.post(url, json={"messages": [{"role": "user", "content": "word " * 5000}]}))
-    assert (status, code) == (400, "context_length_exceeded") and "5" in msg and "4095" in msg
+    assert (status, code) == (400, "context_length_exceeded") and "4095" in msg  # one message: none of it can go
+    status, code, msg = error_of(httpx.post(url, json={"messages": [{"role": "user", "content": "word " * 17000}]}))
+    assert (status, code) == (400, "context_length_exceeded") and "17" in msg and "16384" in msg  # past the limit
     with pytest.raises(openai.BadRequestError):
         client(gateway).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], n=2)
     one = [{"role": "user", "content": "x"}]
@@ -190,7 +192,9 @@ def test_full_queue_answers_429_with_retry_after(gateway):
 def test_models_health_ready_metrics(gateway):
     model = httpx.get(gateway.base + "/v1/models").json()["data"][0]
     assert model["id"] == "specgate" and "/" not in model["target"] + model["speculator"]  # no file paths
-    assert model["context_length"] == model["max_model_len"] == 4096  # the tests' n_ctx: clients size by it
+    # clients size by the longest prompt a turn may send: 4x the tests' n_ctx, past which sessions evict
+    assert model["context_length"] == model["max_model_len"] == model["context_window"] == 4 * 4096
+    assert model["kv_window"] == 4096
     assert model["max_output_tokens"] == 4096  # the cap (32768) is clamped to the window
     assert httpx.get(gateway.base + "/health").json() == {"status": "ok"}
     ready = httpx.get(gateway.base + "/ready").json()

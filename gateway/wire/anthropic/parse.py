@@ -35,8 +35,8 @@ KNOWN_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice",
 def parse(body: Any, request: web.Request) -> ChatRequest:
     config = request.app[keys.CONFIG]
     return parse_messages_body(body, request.app[keys.DEFAULTS], request.headers.get(client_hints.SESSION_HEADER),
-                               config.gateway.limits, config.engine.n_ctx, client_hints.header_hint(request.headers),
-                               config.gateway.keep_billing_header)
+                               config.gateway.limits, config.engine.context_limit,
+                               client_hints.header_hint(request.headers), config.gateway.keep_billing_header)
 
 
 def parse_messages_body(body: Any, defaults: TurnParams, header_session: str | None,

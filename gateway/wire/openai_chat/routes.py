@@ -22,7 +22,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     config = app[keys.CONFIG]
     req = await off_loop(chat_request.parse_chat, await read_json(request), app[keys.DEFAULTS],
                          request.headers.get(client_hints.SESSION_HEADER), config.gateway.limits,
-                         config.engine.n_ctx, client_hints.header_hint(request.headers))
+                         config.engine.context_limit, client_hints.header_hint(request.headers))
     turn = await begin(request, req)
     model = config.gateway.model_name
     headers = session_headers(turn)

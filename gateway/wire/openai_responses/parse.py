@@ -40,7 +40,7 @@ class ResponsesRequest:
 
 def parse(body: Any, request: web.Request, history: list[dict[str, Any]]) -> ResponsesRequest:
     config = request.app[keys.CONFIG]
-    return parse_body(body, history, request.app[keys.DEFAULTS], config.gateway.limits, config.engine.n_ctx,
+    return parse_body(body, history, request.app[keys.DEFAULTS], config.gateway.limits, config.engine.context_limit,
                       client_hints.header_hint(request.headers))
 
 
