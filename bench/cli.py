@@ -20,7 +20,7 @@ from core.policies import PrefillPolicy
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
              "long_prefill", "scorers", "constrained", "stateless", "clients", "agent_scale", "depth",
-             "coding_agents", "fresh_start", "decode_copy")
+             "coding_agents", "fresh_start", "decode_copy", "long_session")
 EXTRA_HINT = "the benchmarks need the bench extra: .venv/bin/pip install -e '.[bench]'"
 
 
@@ -251,6 +251,12 @@ def depth(r: Run) -> Any:
     return s
 
 
+def long_session(r: Run) -> Any:
+    from bench import long_session
+
+    return long_session.run(r.engine, r.path("long_session"), r.quick, r.arms(long_session.ARMS))
+
+
 def decode_copy(r: Run) -> Any:
     from bench import decode_copy
 
@@ -273,7 +279,7 @@ REGISTRY: dict[str, Callable[[Run], Any]] = {
     "soak": soak, "fuzz": fuzz, "failover": failover, "concurrency": concurrency, "long_prefill": long_prefill,
     "scorers": scorers, "constrained": constrained, "stateless": stateless, "clients": clients,
     "agent_scale": agent_scale, "depth": depth, "coding_agents": coding_agents, "fresh_start": fresh_start,
-    "decode_copy": decode_copy,
+    "decode_copy": decode_copy, "long_session": long_session,
 }
 
 

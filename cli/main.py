@@ -50,6 +50,8 @@ HELP = {
                       "cells; the scored rows see all (0 = off)",
     "max_context_tokens": "the longest prompt a turn may send, in tokens (0 = 4x the window); past the window a "
                           "session keeps its least important cells out (scored eviction), past this it gets a 400",
+    "evict_order": "past the window, what a session drops first: scored (its chunks the speculator scored "
+                   "lowest) | oldest (its oldest tool results and replies, as llama-server's context shift)",
     "recent_tokens": "past the window, a conversation's last this many tokens stay whole where they can",
     "score_agg": "max (over heads and layers) | filter-sum | filter-max (the scorer's last layer, GemFilter)",
     "guard_mode": "structural (keep structure dense, sparsify tool results) | skip (no SpecPrefill with tools)",

@@ -374,8 +374,9 @@ class Engine:
         and packs the rest (core.kv.eviction, core.kv.window_fit).  Returns the new tokens
         prefilled on the way (a prompt longer than the window, with too little cached)."""
         reply = min(params.sampling.max_tokens, REPLY_ROOM)
-        fit = plan_fit(prompt, kv.target, kv.scores_over(len(prompt), len(kv.target.tokens)), self.kv_window, reply,
-                       self.config.recent_tokens)
+        scored = params.prefill.evict_order == "scored"
+        scores = kv.scores_over(len(prompt), len(kv.target.tokens) if scored else 0)  # NaN: oldest first
+        fit = plan_fit(prompt, kv.target, scores, self.kv_window, reply, self.config.recent_tokens)
         if fit is None:
             return 0
         t0 = time.perf_counter()

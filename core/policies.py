@@ -19,6 +19,7 @@ from core.loader import require as _require
 
 SELECT_MODES = ("mass", "chunk")
 POSITION_MODES = ("original", "compact")
+EVICT_ORDERS = ("scored", "oldest")
 GUARD_MODES = ("structural", "skip")
 SCORE_AGGREGATIONS = ("max", "filter-sum", "filter-max")  # see core/specprefill/scoring.py
 DEFAULT_GUARD_KEYWORDS = (
@@ -132,6 +133,9 @@ class PrefillPolicy:
     # turn: the tool guard keeps it whole) prefills the scorer too, through the scoring window, so the
     # tool turns after it score only their own tokens (0: never; the scorer catches up in idle time)
     scorer_ahead_tokens: int = 4096
+    # past the window, what a session drops first (core/kv/eviction.py): its lowest-scored chunks, or
+    # (oldest) its oldest tool results and replies, as llama-server's context shift does
+    evict_order: str = per_request("scored", EVICT_ORDERS)
     selection: Selection = field(default_factory=Selection)
 
     def __post_init__(self) -> None:
@@ -148,6 +152,7 @@ class PrefillPolicy:
         _require(self.guard_header_tokens >= 0 and self.guard_user_tokens >= 0,
                  "guard_header_tokens and guard_user_tokens must be >= 0")
         _require(self.scorer_ahead_tokens >= 0, f"scorer_ahead_tokens must be >= 0, got {self.scorer_ahead_tokens}")
+        _one_of("evict_order", self.evict_order, EVICT_ORDERS)
 
 
 class DecodeMode(enum.StrEnum):
