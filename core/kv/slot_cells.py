@@ -102,8 +102,9 @@ class SlotCells:
         target, seq = kv.target, self.target_ctx.seq(slot)
         keep = common_prefix(target.tokens, tokens)
         todo = list(tokens[keep:])
-        if not todo or len(todo) > max_tokens or keep + len(todo) >= seq.n_ctx:
-            return 0
+        held = [p for p in target.kv_pos[:keep] if p >= 0]
+        if not todo or len(todo) > max_tokens or (held[-1] + 1 if held else 0) + len(todo) >= seq.n_ctx:
+            return 0  # (positions, not tokens: a session past the window holds fewer cells than tokens)
         pos = target.truncate(keep)
         seq.remove_from(pos)
         if len(kv.speculator.tokens) > keep:

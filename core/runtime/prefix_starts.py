@@ -163,7 +163,7 @@ def _splice(res: Residency, engine: Engine, kv: SessionKV, tokens: tuple[int, ..
     start = len(kv.target.tokens)
     found = find_run(tokens[:-1], start, donor.target.tokens, donor.target.kv_pos, res.splice_min_tokens,
                      SPLICE_MAX_GAP)
-    if found is None:
+    if found is None or found[0] + found[2] >= engine.kv_window:  # cells go at logical positions: inside the window
         return 0, 0
     k, j, n = found
     if k > start:

@@ -149,3 +149,46 @@ def test_packing_rotates_each_moved_key_to_its_new_position(narrow):
     cells.reset(seq)
     assert np.abs(logits[0] - logits[1]).mean() < 0.3
     assert int(np.argmax(logits[0])) == int(np.argmax(logits[1]))
+
+
+def test_an_agent_resending_its_history_past_the_window_over_http(tiny_target, tiny_speculator, redis_server):
+    """Anthropic Messages, no session named, the whole history resent each turn with tools, as
+    Claude Code sends it: past the window every request is served, each continuing the
+    conversation its tokens match (logical tokens), and /v1/models reports the limit."""
+    import httpx
+
+    from tests.support import start_gateway
+
+    server = start_gateway(tiny_target, tiny_speculator, redis_url=redis_server.url,
+                           engine={"n_ctx": WINDOW, "slots": 2})
+    tools = [{"name": "Read", "description": "Read a file", "input_schema": {
+        "type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}}]
+    messages: list[dict] = []
+    try:
+        model = httpx.get(server.base + "/v1/models").json()["data"][0]
+        assert model["context_window"] == 4 * WINDOW and model["kv_window"] == WINDOW
+        seen = []
+        for i in range(16):
+            turn = read_turn(i)
+            messages += [{"role": "user", "content": turn[0]["content"]},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{i}", "name": "Read",
+                                                            "input": {"file_path": f"src/m{i}.py"}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}",
+                                                       "content": turn[2]["content"]}]}]
+            r = httpx.post(server.base + "/v1/messages", timeout=120, json={
+                "model": "m", "max_tokens": 4, "system": "You are a coding agent.", "tools": tools,
+                "messages": messages})
+            assert r.status_code == 200, r.text[:300]
+            body = r.json()
+            seen.append((body["usage"], body["timings"]))
+            messages.append({"role": "assistant", "content": [b for b in body["content"] if b["type"] == "text"]
+                             or [{"type": "text", "text": "ok"}]})
+            if body["timings"]["context_n"] > 2 * WINDOW:
+                break
+    finally:
+        server.stop()
+    usage, t = seen[-1]
+    assert t["context_n"] > 2 * WINDOW and t.get("physical_n", t["context_n"]) < WINDOW
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] == t["context_n"]  # logical tokens
+    assert sum(s[1].get("evicted_n", 0) for s in seen) > 0
+    assert usage["cache_read_input_tokens"] >= seen[-2][1]["context_n"] - 64  # the last turn's cells reused

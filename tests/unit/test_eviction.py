@@ -140,3 +140,18 @@ def test_a_scorer_past_its_window_is_rebuilt_as_the_packed_targets_mirror():
 def test_runs_of_equal_values():
     assert runs_of_equal(np.array([0, 0, -1, -1, -1, -3])) == [(0, 2), (2, 5), (5, 6)]
     assert runs_of_equal(np.array([], dtype=np.int64)) == []
+
+
+def test_the_logical_limit_is_four_windows_unless_set():
+    from core.config import EngineConfig
+    from core.errors import ConfigError
+
+    assert EngineConfig(n_ctx=1000).context_limit == 4000
+    assert EngineConfig(n_ctx=1000, speculator_n_ctx=800).context_limit == 3200
+    assert EngineConfig(n_ctx=1000, max_context_tokens=5000).context_limit == 5000
+    with pytest.raises(ConfigError, match="max_context_tokens"):
+        EngineConfig(n_ctx=1000, max_context_tokens=-1)
+    with pytest.raises(ConfigError, match="evict_order"):
+        from core.policies import PrefillPolicy
+
+        PrefillPolicy(evict_order="newest")
