@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-layout", choices=("split", "unified"), default="split",
                         help="coding_agents, depth and soak --two-keys: the server's KV layout (default split; "
                         "unified writes coding_agents_unified.json, depth_unified.json)")
+    parser.add_argument("--n-ctx", type=int, default=0,
+                        help="long_session: the KV window (default: the target's trained context, 32K)")
     parser.add_argument("--target", default=None)
     parser.add_argument("--speculator", default=None)
     parser.add_argument("--scorer", default=None,
@@ -254,7 +256,8 @@ def depth(r: Run) -> Any:
 def long_session(r: Run) -> Any:
     from bench import long_session
 
-    return long_session.run(r.engine, r.path("long_session"), r.quick, r.arms(long_session.ARMS))
+    return long_session.run(r.engine, r.path(f"long_session_{r.args.n_ctx}" if r.args.n_ctx else "long_session"),
+                            r.quick, r.arms(long_session.ARMS), n_ctx=r.args.n_ctx)
 
 
 def decode_copy(r: Run) -> Any:

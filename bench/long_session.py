@@ -7,13 +7,15 @@ then turns that each read a Python module of 2-6K tokens in Read's ``cat -n`` fo
 function's exact source, the line a function is defined on, or a constant's value; about the
 file just read, or, every third turn, about one read 3-10 turns earlier.  The history carries
 a fixed reply after each turn, so every arm sees the same requests, resent whole each turn.
-The session goes on until it passes ``--long-tokens`` logical tokens (96K; quick: 40K).
+The session goes on until it passes 3x the window (96K with the pair's 32K; ``--n-ctx`` sets
+a smaller window, for a run that costs less: each turn's attention is shallower; quick: the
+window and 8K more).
 
 Arms:
 * ``default``: SpecPrefill as served, and scored eviction past the window;
 * ``oldest``: the same, dropping the oldest tool results and replies first (the anchors'
   context shift: llama-server and Ollama drop the oldest half after the kept prefix);
-* ``dense``: SpecPrefill off, while the prompt fits the window (a 400 past it, as before).
+* ``dense``: SpecPrefill off, while the prompt fits the window (past it, the 400 it got before).
 
 Between turns each sparse arm's scorer catches up as idle time lets it (``IDLE_S``).  Per turn
 and arm: TTFT, the logical and physical lengths, tokens evicted, tokens prefilled, and whether
@@ -120,14 +122,15 @@ class Session:
 
 
 def run(engine_config: EngineConfig, out: Path, quick: bool, arms: tuple[str, ...] = ARMS,
-        seed: int | None = None) -> dict[str, Any]:
+        seed: int | None = None, n_ctx: int = 0) -> dict[str, Any]:
     from core.engine import Engine
 
     seed = seed if seed is not None else random.SystemRandom().randrange(1 << 30)
-    goal = 40_000 if quick else 96_000
-    config = model_files.with_default_models(override(engine_config, slots=len(arms)))
-    progress(f"long_session: seed {seed}, to {goal} logical tokens, arms {', '.join(arms)}")
+    config = model_files.with_default_models(override(engine_config, slots=len(arms), n_ctx=n_ctx))
     engine = Engine(config)
+    goal = engine.kv_window + 8192 if quick else 3 * (engine.kv_window + 1)
+    progress(f"long_session: seed {seed}, window {engine.kv_window + 1}, to {goal} logical tokens, "
+             f"arms {', '.join(arms)}")
     rng, files, rows = random.Random(seed), [], []
     try:
         session = Session(engine, arms)

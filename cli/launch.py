@@ -1,14 +1,15 @@
 """``specgate launch claude|codex|opencode [agent args]``: run a coding agent against a running
 SpecGate, set up from what the server reports, as ``ollama launch`` does.
 
-It reads the server's ``GET /v1/models`` (the model id, its window, the most a reply may
-take) and hands the agent the base URL, the key, the model, the window and compaction
+It reads the server's ``GET /v1/models`` (the model id, the longest prompt a turn may send --
+4x the KV window by default, past which sessions evict -- and the most a reply may take)
+and hands the agent the base URL, the key, the model, that window and compaction
 settings through environment variables and a private config folder
 (``~/.cache/specgate/launch/<agent>``, ``0700``; files ``0600``).  The user's own config
 files are never read or written.  Then it runs the agent in this process's place, with the
 arguments given after its name.
 
-Compaction: an agent that compacts its conversation before it outgrows the server's window
+Compaction: an agent that compacts its conversation before it outgrows the server's limit
 never gets "prompt is too long".  Codex and opencode take the window as is.  Claude Code
 floors ``CLAUDE_CODE_AUTO_COMPACT_WINDOW`` at 100,000, so the window is set there and
 ``CLAUDE_AUTOCOMPACT_PCT_OVERRIDE`` brings its trigger down to ``COMPACT_AT`` of the
