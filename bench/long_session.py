@@ -164,22 +164,28 @@ def run(engine_config: EngineConfig, out: Path, quick: bool, arms: tuple[str, ..
 
 
 def summarize(rows: list[dict[str, Any]], arms: tuple[str, ...], window: int) -> dict[str, Any]:
+    """Per arm: refusals, evictions, answers (all, and past the window), and TTFT per new token
+    of the turns inside the window (the first aside: its scorer starts cold) against past it."""
     out: dict[str, Any] = {"turns": len(rows), "logical_n": rows[-1]["logical_n"] if rows else 0}
     for arm in arms:
         done = [(r, r[arm]) for r in rows if not r[arm].get("refused")]
         past = [(r, a) for r, a in done if r["logical_n"] > window]
-        mid = [a["ttft_s"] for r, a in done if 16_384 <= r["logical_n"] <= 24_576]
+        inside = [(r, a) for r, a in done if r["turn"] and r["logical_n"] <= window]
         out[arm] = {
             "refused": sum(1 for r in rows if r[arm].get("refused")),
             "evicted_n": sum(a["evicted_n"] for _, a in done),
             "max_physical_n": max((a["physical_n"] for _, a in done), default=0),
-            "answers": _answers(done), "answers_past_window": _answers(past),
-            "ttft_s_16_24k": _mean(mid), "ttft_s_past_window": _mean([a["ttft_s"] for _, a in past]),
-            "ttft_per_new_token_ms_16_24k": _mean([1e3 * a["ttft_s"] / a["new_n"] for r, a in done
-                                                   if 16_384 <= r["logical_n"] <= 24_576 and a["new_n"]]),
-            "ttft_per_new_token_ms_past": _mean([1e3 * a["ttft_s"] / a["new_n"] for _, a in past if a["new_n"]]),
+            "answers": _answers(done), "answers_inside_window": _answers(inside),
+            "answers_past_window": _answers(past),
+            "ttft_s_inside_window": _mean([a["ttft_s"] for _, a in inside]),
+            "ttft_s_past_window": _mean([a["ttft_s"] for _, a in past]),
+            "ttft_ms_per_new_token_inside": _per_token(inside), "ttft_ms_per_new_token_past": _per_token(past),
         }
     return out
+
+
+def _per_token(turns: list[tuple[dict[str, Any], dict[str, Any]]]) -> float | None:
+    return _mean([1e3 * a["ttft_s"] / a["new_n"] for _, a in turns if a["new_n"]])
 
 
 def _answers(done: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, str]:
