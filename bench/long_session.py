@@ -6,7 +6,7 @@ then turns that each read a Python module of 2-6K tokens in Read's ``cat -n`` fo
 (evals.agent_files), asked in the same message about something that must be copied: a
 function's exact source, the line a function is defined on, or a constant's value; about the
 file just read, or, every third turn, about one read 3-10 turns earlier.  The history carries
-a fixed reply after each turn, so every arm sees the same requests, resent whole each turn.
+the right answer after each turn, so every arm sees the same requests, resent whole each turn.
 The session goes on until it passes 3x the window (96K with the pair's 32K; ``--n-ctx`` sets
 a smaller window, for a run that costs less: each turn's attention is shallower; quick: the
 window and 8K more).
@@ -48,7 +48,13 @@ ARMS = ("default", "oldest", "dense")
 POLICIES = {"default": PrefillPolicy(), "oldest": PrefillPolicy(evict_order="oldest"),
             "dense": PrefillPolicy(enabled=False)}
 IDLE_S = 10.0
-REPLY = "Done."
+
+
+def reply(q: Question) -> str:
+    """What the history carries after a turn: the right answer, as an agent that got it would
+    have said it (a fixed reply, "Done.", was copied by the 1.5B as the answer to every later
+    question: results/long_session.md)."""
+    return f"```python\n{q.answer}\n```" if q.kind == "function_source" else q.answer
 
 
 def module(rng: random.Random, i: int) -> ToolResult:
@@ -148,7 +154,7 @@ def run(engine_config: EngineConfig, out: Path, quick: bool, arms: tuple[str, ..
             progress(f"long_session: turn {i} at {len(prompt)} tokens: " + ", ".join(
                 f"{arm} {r.get('ttft_s', '-')}s {'ok' if r.get('correct') else 'x'}" for arm, r in
                 ((a, row[a]) for a in arms)))
-            session.history = [*msgs, {"role": "assistant", "content": REPLY}]
+            session.history = [*msgs, {"role": "assistant", "content": reply(q)}]
             if len(prompt) > goal:
                 break
             session.idle()
