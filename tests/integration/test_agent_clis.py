@@ -128,7 +128,7 @@ def test_specgate_launch_runs_each_agent_from_the_servers_models_alone(server, r
     out = launched(server, repo, "opencode", "run", "Reply with one word: hello")
     assert "error" not in out.lower(), out[-2000:]
     codex_toml = (repo.parent / "home/.cache/specgate/launch/codex/config.toml").read_text()
-    assert f"model_context_window = {N_CTX}" in codex_toml
+    assert f"model_context_window = {4 * N_CTX}" in codex_toml  # the limit: sessions evict past the window
     assert not (repo / "opencode.json").exists() and not (repo.parent / "home" / ".codex").exists()
     evs = since(server, mark)
     starts = [e for e in evs if e.get("event") == "request_start"]

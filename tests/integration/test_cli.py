@@ -62,8 +62,11 @@ def test_clear_errors(tmp_path, tiny_target):
     assert out.returncode == 2 and "mass must be in (0, 1]" in out.stderr
     out = specgate("prefill", "--target", str(tiny_target), "--speculator", str(tiny_target),
                    "--n-ctx", "256", "--no-template", "word " * 400)
-    assert out.returncode == 2
-    assert "prompt has 401 tokens but the context holds 255" in out.stderr
+    assert out.returncode == 2  # a raw prompt past the window: eviction may drop none of it
+    assert "must keep, with its reply, has" in out.stderr and "but the context holds 255" in out.stderr
+    out = specgate("prefill", "--target", str(tiny_target), "--speculator", str(tiny_target),
+                   "--n-ctx", "256", "--no-template", "word " * 1100)
+    assert out.returncode == 2 and "prompt has 1101 tokens but the context holds 1024" in out.stderr  # 4x
 
 
 def test_fetch_models_is_idempotent_and_verifies(tmp_path):
