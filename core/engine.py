@@ -462,9 +462,7 @@ class Engine:
         bridges = 0 if mode == "compact" else len(runs(kept)) - 1
         calls = self._calls(kept.size) if mode == "compact" else sum(self._calls(b - a) for a, b in runs(kept))
         cost.observe(int(kept.size), cells, calls, t.prompt_ms / 1e3 - bridges * cost.bridge_s(cells + kept.size // 2))
-        positions = np.full(len(delta), -1)
-        positions[kept] = np.arange(kept.size) + base if mode == "compact" else kept + base
-        kv.extend(delta, positions.tolist())
+        kv.extend_kept(delta, kept, base, compact=mode == "compact")
         if params.decoding.mode is DecodeMode.PLAIN:
             gen = yield from generate(seq, n_past, params.sampling, on_text, idx)
         elif params.decoding.mode is DecodeMode.LOOKUP:

@@ -119,9 +119,7 @@ class Speculator:
                                   seq.ctx.movable_labels and cost.relabels(held.size // 2))
         n_runs = 1 if packed else len(runs(held))
         cost.observe(int(held.size), 0, n_runs, time.perf_counter() - t0 - (n_runs - 1) * cost.bridge_s(held.size // 2))
-        positions = np.full(len(history), -1)
-        positions[held] = np.arange(held.size) if packed else held
-        kv.extend(history, positions.tolist())
+        kv.extend_kept(history, held, 0, compact=packed)
         t.speculator_prefill_n += int(held.size)
         t.speculator_mirrored_n = int(held.size)
 

@@ -23,14 +23,14 @@ from core.llama.context import Seq
 from core.spans import runs, runs_of_equal
 
 
-def pack(seq: Seq, kv: TokenCells, keep: np.ndarray, in_order: bool = False) -> int:
+def pack(seq: Seq, kv: TokenCells, keep: np.ndarray, in_order: bool = False) -> None:
     """Drop the cells of the tokens ``kv`` holds that ``keep`` (a mask over its logical
-    tokens) leaves out, and pack the rest at 0..K-1 in logical order; returns the cells dropped."""
+    tokens) leaves out, and pack the rest at 0..K-1 in logical order."""
     pos = np.asarray(kv.kv_pos, dtype=np.int64)
     held = pos >= 0
     stay = held & keep[: pos.size]
     if not held.any():
-        return 0
+        return
     if not seq.ctx.private_cells:
         _reload(seq)
     for a, b in runs(np.sort(pos[held & ~stay])):
@@ -49,7 +49,6 @@ def pack(seq: Seq, kv: TokenCells, keep: np.ndarray, in_order: bool = False) -> 
         seq.remove_from(old.size)
     if in_order:
         _reload(seq)
-    return int((held & ~stay).sum())
 
 
 def _reload(seq: Seq) -> None:

@@ -55,10 +55,7 @@ class TokenCells:
     @property
     def next_pos(self) -> int:
         """The KV position right after the last cached token."""
-        for pos in reversed(self.kv_pos):
-            if pos >= 0:
-                return pos + 1
-        return 0
+        return self.next_pos_at(len(self.kv_pos))
 
     @property
     def packed(self) -> int:
@@ -85,9 +82,23 @@ class TokenCells:
         del self.kv_pos[n_logical:]
         return self.next_pos
 
+    def next_pos_at(self, n_logical: int) -> int:
+        """The KV position right after the last cached token among the first ``n_logical``."""
+        for pos in reversed(self.kv_pos[:n_logical]):
+            if pos >= 0:
+                return pos + 1
+        return 0
+
     def extend(self, tokens: Sequence[int], positions: Sequence[int]) -> None:
         self.tokens.extend(tokens)
         self.kv_pos.extend(positions)
+
+    def extend_kept(self, tokens: Sequence[int], kept: np.ndarray, base: int, compact: bool) -> None:
+        """Record ``tokens`` of which only those at indices ``kept`` were prefilled: in order
+        from ``base`` (``compact``), or each at ``base`` plus its index."""
+        positions = np.full(len(tokens), -1, dtype=np.int64)
+        positions[kept] = np.arange(kept.size) + base if compact else kept + base
+        self.extend(tokens, positions.tolist())
 
     def reset(self) -> None:
         self.tokens.clear()

@@ -102,8 +102,7 @@ class SlotCells:
         target, seq = kv.target, self.target_ctx.seq(slot)
         keep = common_prefix(target.tokens, tokens)
         todo = list(tokens[keep:])
-        held = [p for p in target.kv_pos[:keep] if p >= 0]
-        if not todo or len(todo) > max_tokens or (held[-1] + 1 if held else 0) + len(todo) >= seq.n_ctx:
+        if not todo or len(todo) > max_tokens or target.next_pos_at(keep) + len(todo) >= seq.n_ctx:
             return 0  # (positions, not tokens: a session past the window holds fewer cells than tokens)
         pos = target.truncate(keep)
         seq.remove_from(pos)

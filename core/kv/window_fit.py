@@ -50,7 +50,5 @@ def _prefill_packed(seq: Seq, kv: TokenCells, tokens: Sequence[int], keep: np.nd
     base = kv.next_pos
     if rel.size:
         yield from sparse_prefill(seq, tokens[q:through], rel, "compact", base)
-    positions = np.full(through - q, -1, dtype=np.int64)
-    positions[rel] = np.arange(rel.size) + base
-    kv.extend(tokens[q:through], positions.tolist())
+    kv.extend_kept(tokens[q:through], rel, base, compact=True)
     return int(rel.size)

@@ -113,6 +113,16 @@ def test_packed_positions_and_where_the_next_token_goes():
     packed = TokenCells(list(range(6)), [0, -1, 1, 2, -1, -1])
     assert packed.packed == 1 and packed.end_pos == 5 and packed.next_pos == 3
     assert TokenCells().end_pos == 0
+    assert packed.next_pos_at(2) == 1 and packed.next_pos_at(1) == 1 and packed.next_pos_at(0) == 0
+
+
+def test_a_sparse_prefill_is_recorded_packed_or_at_its_logical_positions():
+    kept = np.array([0, 2, 3])
+    compact, original = TokenCells([9], [0]), TokenCells([9], [0])
+    compact.extend_kept([5, 6, 7, 8], kept, 1, compact=True)
+    original.extend_kept([5, 6, 7, 8], kept, 1, compact=False)
+    assert compact.kv_pos == [0, 1, -1, 2, 3] and compact.next_pos == 4
+    assert original.kv_pos == [0, 1, -1, 3, 4] and original.next_pos == 5
 
 
 def test_scores_are_kept_only_over_the_tokens_they_scored():
