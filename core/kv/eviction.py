@@ -4,10 +4,15 @@ A conversation longer than the model's window keeps going: before a turn whose p
 reply would pass the window, the session's cells are cut down to what matters and packed
 (core.kv.packing).  This module is the choice alone, over logical tokens, with no model:
 
-* never dropped: the system prompt and tools, every user message, assistant messages that
+* never dropped: the system prompt and tools, the user's own words, assistant messages that
   call tools, and the template tokens that open and close each message; and, where the
   window allows, the most recent ``recent`` tokens (a tool result larger than the free window
-  is cut too, rather than refused);
+  is cut too, rather than refused).  A user message longer than ``USER_WHOLE`` keeps its
+  first ``USER_HEAD`` and last ``USER_TAIL`` tokens, and its middle is scored like a tool
+  result: clients put files there (Claude Code attaches an ``@file`` mention, and re-attaches
+  recently read files after compacting, as reminders inside the user message, before the
+  words typed last), and a session whose every attached file must stay would be refused again
+  as soon as the window fills;
 * dropped first: the chunks of older tool results and replies the speculator scored lowest
   (the session keeps each token's latest importance: core.kv.positions.SessionKV.scores);
   chunks no turn scored go after every scored one, oldest first (that is the anchors'
@@ -30,7 +35,7 @@ from core.prompt import Prompt, Span
 
 CHUNK = 32  # tokens dropped together
 EDGE_OPEN, EDGE_CLOSE = 6, 3  # a message's template tokens kept at its start and end
-KEPT_ROLES = ("system", "user")
+USER_WHOLE, USER_HEAD, USER_TAIL = 512, 128, 256  # a user message kept whole, or its two ends
 
 
 def protected(n: int, spans: Sequence[Span], recent: int) -> np.ndarray:
@@ -38,13 +43,22 @@ def protected(n: int, spans: Sequence[Span], recent: int) -> np.ndarray:
     keep = np.zeros(n, dtype=bool)
     keep[max(0, n - recent):] = True
     for s in spans:
-        if s.role in KEPT_ROLES or s.tool_calls:
-            keep[s.start:s.end] = True
-        keep[s.start:min(s.end, s.start + EDGE_OPEN)] = True
-        keep[max(s.start, s.end - EDGE_CLOSE):s.end] = True
+        head, tail = _kept_ends(s)
+        keep[s.start:min(s.end, s.start + head)] = True
+        keep[max(s.start, s.end - tail):s.end] = True
     if not spans:
         keep[:] = True  # a raw prompt: nothing tells a tool result from an instruction
     return keep
+
+
+def _kept_ends(s: Span) -> tuple[int, int]:
+    """How many tokens at the start and end of message ``s`` always stay (all: the whole)."""
+    size = s.end - s.start
+    if s.role == "system" or s.tool_calls or (s.role == "user" and size <= USER_WHOLE):
+        return size, 0
+    if s.role == "user":
+        return USER_HEAD, USER_TAIL
+    return EDGE_OPEN, EDGE_CLOSE
 
 
 def choose(candidates: np.ndarray, scores: np.ndarray, need: int, chunk: int = CHUNK) -> np.ndarray:

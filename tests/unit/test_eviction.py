@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from core.errors import PromptTooLong
-from core.kv.eviction import CHUNK, choose, plan_fit, protected
+from core.kv.eviction import CHUNK, USER_HEAD, USER_TAIL, USER_WHOLE, choose, plan_fit, protected
 from core.kv.positions import SessionKV, TokenCells, plan_speculator_sync, speculator_backlog
 from core.prompt import Prompt, Span
 from core.spans import runs_of_equal
@@ -61,6 +61,24 @@ def test_protected_keeps_instructions_calls_the_last_message_edges_and_the_recen
     assert inner[:6].all() and inner[-3:].all() and not inner[6:-3].any()  # the template tokens stay
     assert keep[-50:].all()
     assert protected(10, (), 0).all()  # a raw prompt: nothing is known to be a tool result
+
+
+def test_a_long_user_message_keeps_its_ends_and_gives_up_its_middle_by_score():
+    """An attached file (Claude Code's @file, its re-attached reads after a compaction) sits in
+    a user message: only its two ends, where the words typed go, always stay."""
+    long_user = USER_WHOLE + 1000
+    spans = (Span("system", 0, 100), Span("user", 100, 100 + long_user), Span("user", 100 + long_user, 612 + long_user))
+    n = spans[-1].end
+    keep = protected(n, spans, recent=0)
+    first = keep[100:100 + long_user]
+    assert first[:USER_HEAD].all() and first[-USER_TAIL:].all()
+    assert not first[USER_HEAD:-USER_TAIL].any()
+    assert keep[:100].all() and keep[100 + long_user:].all()  # the system prompt; a user message of USER_WHOLE
+    scores = np.ones(n, dtype=np.float32)
+    scores[600:700] = 0.0  # the attached file's least important lines
+    fit = plan_fit(Prompt(tuple(range(n)), spans), TokenCells(list(range(n)), list(range(n))), scores,
+                   window=n - 50, reply=0, recent=0)
+    assert fit is not None and not fit.keep[600:700].any() and fit.keep[:100 + USER_HEAD].all()
 
 
 def test_plan_fit_is_none_while_the_turn_fits():
