@@ -20,7 +20,7 @@ from core.policies import PrefillPolicy
 
 SCENARIOS = ("first_turn", "multi_turn", "overhead", "topp", "planner", "soak", "fuzz", "failover", "concurrency",
              "long_prefill", "scorers", "constrained", "stateless", "clients", "agent_scale", "depth",
-             "coding_agents", "fresh_start", "decode_copy", "long_session")
+             "coding_agents", "fresh_start", "decode_copy", "long_session", "claude_session")
 EXTRA_HINT = "the benchmarks need the bench extra: .venv/bin/pip install -e '.[bench]'"
 
 
@@ -38,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="soak: clients name no session and resend their history (implicit sessions)")
     parser.add_argument("--responses", action="store_true",
                         help="soak: stored Responses chains with 30 tools, beside a count_tokens flood")
-    parser.add_argument("--turns", type=int, default=None, help="soak: turns per session (default 10; quick 5)")
+    parser.add_argument("--turns", type=int, default=None,
+                        help="soak: turns per session (default 10; quick 5); claude_session: Claude Code turns at "
+                        "most (default 12)")
     parser.add_argument("--two-keys", action="store_true",
                         help="soak: two API keys' agents side by side, every slot's cells checked for the other "
                         "key's canary (issue 51)")
@@ -57,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="coding_agents, depth and soak --two-keys: the server's KV layout (default split; "
                         "unified writes coding_agents_unified.json, depth_unified.json)")
     parser.add_argument("--n-ctx", type=int, default=0,
-                        help="long_session: the KV window (default: the target's trained context, 32K)")
+                        help="long_session: the KV window (default: the target's trained context, 32K); "
+                        "claude_session: the replica's window (default 20480)")
     parser.add_argument("--target", default=None)
     parser.add_argument("--speculator", default=None)
     parser.add_argument("--scorer", default=None,
@@ -260,6 +263,13 @@ def long_session(r: Run) -> Any:
                             r.quick, r.arms(long_session.ARMS), n_ctx=r.args.n_ctx)
 
 
+def claude_session(r: Run) -> Any:
+    from bench import claude_session
+
+    n_ctx = r.args.n_ctx or claude_session.N_CTX
+    return claude_session.run(r.engine, r.path(f"claude_session_{n_ctx}"), r.args.turns or 12, n_ctx)
+
+
 def decode_copy(r: Run) -> Any:
     from bench import decode_copy
 
@@ -282,7 +292,7 @@ REGISTRY: dict[str, Callable[[Run], Any]] = {
     "soak": soak, "fuzz": fuzz, "failover": failover, "concurrency": concurrency, "long_prefill": long_prefill,
     "scorers": scorers, "constrained": constrained, "stateless": stateless, "clients": clients,
     "agent_scale": agent_scale, "depth": depth, "coding_agents": coding_agents, "fresh_start": fresh_start,
-    "decode_copy": decode_copy, "long_session": long_session,
+    "decode_copy": decode_copy, "long_session": long_session, "claude_session": claude_session,
 }
 
 

@@ -37,13 +37,14 @@ TURN_KEYS = ("context_n", "cache_n", "prompt_n", "prefix_shared_n", "ttft_ms", "
              "specprefill", "decode_mode")
 
 
-def served(log: Path, mark: int) -> tuple[list[dict[str, Any]], int]:
-    """The requests the replica served since line ``mark`` of its log, and the line count now."""
+def served(log: Path, mark: int, keys: tuple[str, ...] = TURN_KEYS) -> tuple[list[dict[str, Any]], int]:
+    """The requests the replica served since line ``mark`` of its log (``keys`` of each), and
+    the line count now."""
     lines = log.read_text(errors="replace").splitlines()
     evs = agent_clis.json_lines("\n".join(lines[mark:]))
     starts = {e["request_id"]: e for e in evs if e.get("event") == "request_start"}
     rows = [{"route": starts.get(e["request_id"], {}).get("path"),
-             "tools": starts.get(e["request_id"], {}).get("tools"), **{k: e.get(k) for k in TURN_KEYS}}
+             "tools": starts.get(e["request_id"], {}).get("tools"), **{k: e.get(k) for k in keys}}
             for e in evs if e.get("event") == "turn_done"]
     refused = [{k: e.get(k) for k in ("path", "status", "code", "error")}
                for e in evs if e.get("event") == "request_error"]
