@@ -215,7 +215,7 @@ class Engine:
 
     def _check_fits(self, prompt: Prompt, params: TurnParams) -> None:
         """A prompt past the window is served only if what eviction never drops (its
-        instructions, user messages and tool calls: core.kv.eviction) fits with room for the
+        instructions, what users type and tool calls: core.kv.eviction) fits with room for the
         reply."""
         if len(prompt) <= self.kv_window:
             return
