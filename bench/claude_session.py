@@ -18,7 +18,9 @@ and any refusal.  The 1.5B target is a weak agent: a wrong answer is recorded, n
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -45,7 +47,9 @@ def source(result: ToolResult) -> str:
 
 def ask(q: Question, path: str, attach: bool) -> str:
     """The turn's prompt: the question, with the module attached (``@path``) when it is new."""
-    text = q.ask.split(". ", 1)[1] if q.ask.startswith("Read ") else q.ask
+    text = q.ask
+    if text.startswith("Read ") and ". Then r" in text:  # "Read PATH. Then reply ...": the mention reads it
+        text = "R" + text.split(". Then r", 1)[1]
     return f"@{path} {text}" if attach else text
 
 
@@ -94,7 +98,7 @@ def run(engine: EngineConfig, out: Path, turns: int = 12, n_ctx: int = N_CTX,
             got = claude_result(done)
             session_id = got.get("session_id") or session_id
             row = {"turn": i, "file": path, "attached": attach, "kind": q.kind, "answer": q.answer[:200],
-                   "correct": correct(q, got["reply"]) if got["ok"] else False, "exit": done.returncode,
+                   "correct": got["ok"] and correct(q, full_reply(done)), "exit": done.returncode,
                    "wall_s": round(wall, 1), **got, "requests": requests,
                    "stderr_tail": done.stderr[-400:]}
             rows.append(row)
@@ -109,6 +113,14 @@ def run(engine: EngineConfig, out: Path, turns: int = 12, n_ctx: int = N_CTX,
                                                   "summary": summary, "turns": rows},
                  {"target": engine.target, "speculator": engine.speculator})
     return summary
+
+
+def full_reply(done: subprocess.CompletedProcess[str]) -> str:
+    """Claude Code's whole reply (``claude_result`` keeps its first 200 characters)."""
+    try:
+        return str(json.loads(done.stdout).get("result", ""))
+    except ValueError:
+        return ""
 
 
 def summarize(rows: list[dict[str, Any]], n_ctx: int) -> dict[str, Any]:
