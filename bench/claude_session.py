@@ -105,14 +105,14 @@ def run(engine: EngineConfig, out: Path, turns: int = 12, n_ctx: int = N_CTX,
             logical = max((r.get("context_n") or 0 for r in row["requests"]), default=0)
             progress(f"claude_session: turn {i} ok={got['ok']} correct={row['correct']} logical={logical} "
                      f"requests={len(requests)} wall={wall:.0f}s")
+            summary = summarize(rows, n_ctx)  # written after every turn: a stopped run keeps what it did
+            write_result(out, "claude_session", {"seed": seed, "params": {"n_ctx": n_ctx, "limit": info.window,
+                                                                          "clis": cli_versions(), "env": claude_env},
+                                                 "summary": summary, "turns": rows},
+                         {"target": engine.target, "speculator": engine.speculator})
             if logical >= 2 * n_ctx:
                 break
-    summary = summarize(rows, n_ctx)
-    write_result(out, "claude_session", {"seed": seed, "params": {"n_ctx": n_ctx, "limit": info.window,
-                                                                           "clis": cli_versions(), "env": claude_env},
-                                                  "summary": summary, "turns": rows},
-                 {"target": engine.target, "speculator": engine.speculator})
-    return summary
+    return summarize(rows, n_ctx)
 
 
 def full_reply(done: subprocess.CompletedProcess[str]) -> str:
