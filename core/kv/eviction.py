@@ -94,11 +94,13 @@ class Fit:
 def plan_fit(prompt: Prompt, target: TokenCells, scores: np.ndarray, window: int, reply: int,
              recent: int) -> Fit | None:
     """How the turn's prompt fits ``window`` cells with ``reply`` left for the reply: None when
-    it does as the session holds it.  Else the session packs its cells and drops enough to be
-    back at a quarter of the window free (so the next few turns fit as they are), keeping the
-    ``recent`` last tokens when it can.  ``target``: the session's cells, cut back to its
-    common prefix with the prompt; ``scores``: each prompt token's importance (NaN: none).
-    Raises :class:`PromptTooLong` when what must stay does not fit."""
+    it does as the session holds it.  Else the session packs its cells and drops enough of
+    them to be back at a quarter of the window free (so the next few turns fit as they are),
+    keeping the ``recent`` last tokens when it can.  New tokens (past the cache) go only as
+    far as the turn must, to fit at all: no turn has scored them, and the turn is about them.
+    ``target``: the session's cells, cut back to its common prefix with the prompt;
+    ``scores``: each prompt token's importance (NaN: none).  Raises :class:`PromptTooLong`
+    when what must stay does not fit."""
     n, q = len(prompt), len(target.tokens)
     if target.end_pos + (n - q) + reply <= window:
         return None
@@ -106,8 +108,12 @@ def plan_fit(prompt: Prompt, target: TokenCells, scores: np.ndarray, window: int
     held[:q] = np.asarray(target.kv_pos, dtype=np.int64) >= 0
     cells = int(held.sum())
     least, ample = cells + reply - window, cells + reply - (window - window // 4)
+    cached = np.arange(n) < q
     for r in (recent, 0):
-        drop = choose(held & ~protected(n, prompt.spans, r), scores, ample)
+        free = held & ~protected(n, prompt.spans, r)
+        drop = choose(free & cached, scores, ample)
+        if drop.size < least:
+            drop = np.union1d(drop, choose(free & ~cached, scores, least - drop.size))
         if drop.size >= least:
             break
     else:

@@ -92,13 +92,31 @@ def test_plan_fit_with_no_cache_drops_the_oldest_tool_results_and_prefills_the_r
     fit = plan_fit(p, TokenCells(), np.full(len(p), NAN), window=window, reply=100, recent=0)
     assert fit is not None
     kept_through = int(fit.keep.sum()) + (len(p) - fit.through)
-    assert kept_through + 100 <= window - window // 4 + CHUNK  # back to a quarter free, to a chunk
+    assert window - CHUNK < kept_through + 100 <= window  # unscored new tokens: only what must go
     dropped = np.flatnonzero(~fit.keep)
     assert dropped.size == fit.dropped
     first_tool = p.spans[3]
     assert first_tool.start + 6 <= dropped[0] < first_tool.end  # the oldest tool result goes first
     assert not np.isin(dropped, np.arange(0, 100)).any()  # never the system prompt
     assert fit.through == dropped[-1] + 2 < p.spans[-1].start and fit.keep[-1]
+
+
+def test_new_tokens_go_only_as_far_as_the_turn_must_while_cached_ones_go_to_a_quarter_free():
+    p = agent_prompt(400, tools=2)  # 100 + 2 * 430 + 20 = 980 tokens
+    q = p.spans[6].start + 100  # the second tool result arrives: 300 of its tokens and the last message are new
+    target = TokenCells(list(p.tokens[:q]), list(range(q)))
+    scores = np.full(len(p), NAN, dtype=np.float32)
+    scores[:q] = 1.0
+    window, reply = 430, 50
+    fit = plan_fit(p, target, scores, window=window, reply=reply, recent=0)
+    assert fit is not None
+    dropped = np.flatnonzero(~fit.keep)
+    old, new = dropped[dropped < q], dropped[dropped >= q]
+    assert old.size and new.size  # the cached tool result could not free enough alone
+    least = len(p) + reply - window
+    assert least <= dropped.size < least + CHUNK  # new tokens: no more than the turn needs
+    cached_free = (p.spans[3].end - p.spans[3].start - 9) + (100 - 6)  # both results' droppable cached tokens
+    assert old.size == cached_free  # every cached candidate went first
 
 
 def test_plan_fit_drops_the_lowest_scored_cached_tokens_and_keeps_the_recent_ones():
