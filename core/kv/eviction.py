@@ -7,12 +7,13 @@ reply would pass the window, the session's cells are cut down to what matters an
 * never dropped: the system prompt and tools, the user's own words, assistant messages that
   call tools, and the template tokens that open and close each message; and, where the
   window allows, the most recent ``recent`` tokens (a tool result larger than the free window
-  is cut too, rather than refused).  A user message longer than ``USER_WHOLE`` keeps its
-  first ``USER_HEAD`` and last ``USER_TAIL`` tokens, and its middle is scored like a tool
+  is cut too, rather than refused).  An earlier user message longer than ``USER_WHOLE`` keeps
+  its first ``USER_HEAD`` and last ``USER_TAIL`` tokens, and its middle is scored like a tool
   result: clients put files there (Claude Code attaches an ``@file`` mention, and re-attaches
   recently read files after compacting, as reminders inside the user message, before the
   words typed last), and a session whose every attached file must stay would be refused again
-  as soon as the window fills;
+  as soon as the window fills.  The last user message, the request itself, stays whole: a
+  request larger than the window is refused, not cut;
 * dropped first: the chunks of older tool results and replies the speculator scored lowest
   (the session keeps each token's latest importance: core.kv.positions.SessionKV.scores);
   chunks no turn scored go after every scored one, oldest first (that is the anchors'
@@ -42,8 +43,9 @@ def protected(n: int, spans: Sequence[Span], recent: int) -> np.ndarray:
     """The logical tokens of an ``n``-token prompt that stay whatever the scores say."""
     keep = np.zeros(n, dtype=bool)
     keep[max(0, n - recent):] = True
-    for s in spans:
-        head, tail = _kept_ends(s)
+    last_user = max((i for i, s in enumerate(spans) if s.role == "user"), default=-1)
+    for i, s in enumerate(spans):
+        head, tail = _kept_ends(s, latest=i == last_user)
         keep[s.start:min(s.end, s.start + head)] = True
         keep[max(s.start, s.end - tail):s.end] = True
     if not spans:
@@ -51,10 +53,11 @@ def protected(n: int, spans: Sequence[Span], recent: int) -> np.ndarray:
     return keep
 
 
-def _kept_ends(s: Span) -> tuple[int, int]:
-    """How many tokens at the start and end of message ``s`` always stay (all: the whole)."""
+def _kept_ends(s: Span, latest: bool) -> tuple[int, int]:
+    """How many tokens at the start and end of message ``s`` always stay (all: the whole);
+    ``latest``: the last user message, the request itself, stays whole."""
     size = s.end - s.start
-    if s.role == "system" or s.tool_calls or (s.role == "user" and size <= USER_WHOLE):
+    if s.role == "system" or s.tool_calls or (s.role == "user" and (latest or size <= USER_WHOLE)):
         return size, 0
     if s.role == "user":
         return USER_HEAD, USER_TAIL

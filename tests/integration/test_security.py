@@ -123,7 +123,7 @@ def test_path_traversal_and_odd_ids_are_refused(gw, spill_dir, tmp_path):
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": "x"}]}, 400),  # was a 500
     ({"messages": ONE * 65}, 413),
     ({"messages": [{"role": "user", "content": "w" * 270_000}]}, 413),  # 16 chars a token of the 4x limit
-    ({"messages": [{"role": "system", "content": "w" * 70_000}]}, 400),  # past the window, none of it may go
+    ({"messages": [{"role": "user", "content": "w" * 70_000}]}, 400),  # past the window, none of it may go
 ])
 def test_bad_fields_get_4xx_and_leave_the_session_intact(gw, extra, status):
     sid = f"intact-{abs(hash(str(extra))) % 10**8}"

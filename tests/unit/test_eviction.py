@@ -74,6 +74,8 @@ def test_a_long_user_message_keeps_its_ends_and_gives_up_its_middle_by_score():
     assert first[:USER_HEAD].all() and first[-USER_TAIL:].all()
     assert not first[USER_HEAD:-USER_TAIL].any()
     assert keep[:100].all() and keep[100 + long_user:].all()  # the system prompt; a user message of USER_WHOLE
+    latest = protected(100 + long_user, spans[:2], recent=0)
+    assert latest.all()  # the last user message is the request: it stays whole, however long
     scores = np.ones(n, dtype=np.float32)
     scores[600:700] = 0.0  # the attached file's least important lines
     fit = plan_fit(Prompt(tuple(range(n)), spans), TokenCells(list(range(n)), list(range(n))), scores,
