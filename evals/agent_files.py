@@ -103,7 +103,7 @@ def python_module(rng: random.Random, path: str, target_chars: int = 9000) -> To
         lines.append("")
     numbered = "\n".join(f"{i:>6}\t{line}" for i, line in enumerate(lines, 1))
     sources = rng.sample(functions[1:-1] if len(functions) > 3 else functions, min(2, len(functions)))
-    picked_constants = rng.sample(constants, 2)
+    picked_constants = rng.sample(constants, 3)  # 4-7 in every module
     defined = rng.sample(functions, min(2, len(functions)))
 
     def source_of(fn: tuple[str, int, int], first: bool) -> Question:
@@ -117,8 +117,8 @@ def python_module(rng: random.Random, path: str, target_chars: int = 9000) -> To
         source_of(sources[0], True),
         *(Question("constant_value", f"In {path}, what is the value of `{name}`? Answer with the value only.", value)
           for name, value, _ in picked_constants),
-        *(Question("definition_line", f"Quote the line of {path} where the function `{name}` is defined, exactly "
-                   "as the Read output shows it, with its line number in front.", str(line))
+        *(Question("definition_line", f"On which line of {path} is the function `{name}` defined? The Read "
+                   "output shows each line's number before it. Answer with the line number only.", str(line))
           for name, line, _ in defined),
         *(source_of(fn, False) for fn in sources[1:]),
     )
@@ -227,9 +227,11 @@ def correct(question: Question, reply: str) -> bool:
     aside; a line number as the reply's first number; other values verbatim (quotes aside)."""
     if question.kind == "function_source":
         return _lines(question.answer) in _lines(reply)
-    if question.kind == "definition_line":  # the quoted line: its number, and the definition on it
+    if question.kind == "definition_line":  # the quoted line (its number and the definition), or the number alone
         name = re.search(r"`(\w+)`", question.ask)
         line = next((x for x in reply.splitlines() if name and f"def {name.group(1)}(" in x), "")
+        if not line and "def " not in reply:
+            return re.findall(r"\d+", reply)[:1] == [question.answer]
         return re.search(rf"(^|\D){question.answer}(\D|$)", line) is not None
     return question.answer.strip('"') in reply
 

@@ -42,5 +42,8 @@ def test_the_checks_accept_a_copy_and_refuse_a_near_miss():
     assert correct(line, "   214\tdef foo(a, b):") and correct(line, "src/x.py:214:def foo(a):")
     assert not correct(line, "   213\tdef foo(a, b):") and not correct(line, "214: def bar(a):")
     assert not correct(line, "2140\tdef foo(a):")
+    number = Question("definition_line", "On which line is `foo` defined? Answer with the line number only.", "214")
+    assert correct(number, "214") and correct(number, "Line 214.")
+    assert not correct(number, "213") and not correct(number, "2140") and not correct(number, "214: def bar(a):")
     value = Question("constant_value", "", '"sealed-ledger"')
     assert correct(value, "The value is `sealed-ledger`.") and not correct(value, "sealed ledger")
