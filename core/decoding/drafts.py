@@ -16,6 +16,7 @@ MAX_VIEW_CHARS = 65536
 
 K_MIN, K_MAX = 2, 16
 MAX_BACKOFF = 32  # plain steps between drafts at most, after misses in a row
+MAX_CONTEXT_MATCH = 32  # tokens before a suffix's occurrences compared to choose among them
 
 
 class Drafter:
@@ -34,8 +35,9 @@ class Drafter:
         self._n += len(tokens)
 
     def propose(self, k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest
-        suffix found (``max_ngram`` down to ``min_ngram`` tokens); [] when none is."""
+        """Up to ``k`` tokens that followed an earlier occurrence of the longest suffix found
+        (``max_ngram`` down to ``min_ngram`` tokens): the one matching furthest back, the most
+        recent of those; [] when none is."""
         t, n = self._buf, self._n
         for size in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
             starts = n - size  # the suffix starts here; an earlier occurrence starts before it
@@ -44,9 +46,26 @@ class Drafter:
                 hit &= t[j:starts + j] == t[starts + j]
             found = np.flatnonzero(hit)
             if found.size:
-                at = int(found[-1]) + size
+                at = _best(t, found, starts) + size
                 return t[at: min(at + k, n)].tolist()
         return []
+
+
+def _best(t: np.ndarray, found: np.ndarray, starts: int, reach: int = MAX_CONTEXT_MATCH) -> int:
+    """Of the earlier occurrences ``found`` of the suffix starting at ``starts``, the one whose
+    match runs furthest back (up to ``reach`` more tokens), the latest among equals.  In a
+    deep context a short n-gram (``    return``, ``_total =``) recurs in every module read; the
+    occurrence that also matches the tokens before it is the one being copied."""
+    alive = np.ones(found.size, dtype=bool)
+    run = np.zeros(found.size, dtype=np.int64)
+    for back in range(1, min(reach, starts) + 1):
+        prev = found - back
+        alive &= prev >= 0
+        alive[alive] &= t[prev[alive]] == t[starts - back]
+        if not alive.any():
+            break
+        run += alive
+    return int(found[np.flatnonzero(run == run.max())[-1]])
 
 
 @dataclass(slots=True)

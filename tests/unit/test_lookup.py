@@ -17,6 +17,15 @@ def test_the_longest_suffix_found_earlier_gives_what_followed_its_latest_occurre
     assert Drafter([1, 2, 9, 2], min_ngram=2).propose(2) == []
 
 
+def test_of_many_occurrences_the_one_matching_furthest_back_is_drafted_from():
+    copied = [40, 41, 42, 7, 8, 50, 51, 52]  # the function being copied: its "7 8" goes on with 50
+    other = [60, 61, 7, 8, 70, 71, 72]  # a later module with the same "7 8"
+    d = Drafter([*copied, *other, 99, 40, 41, 42, 7, 8], max_ngram=2, min_ngram=2)
+    assert d.propose(3) == [50, 51, 52]  # not 70 71 72, the latest "7 8"
+    tie = Drafter([1, 7, 8, 2, 3, 7, 8, 4, 5, 6, 7, 8], max_ngram=2, min_ngram=2)
+    assert tie.propose(2) == [4, 5]  # equal runs back: the latest
+
+
 def test_a_long_context_is_searched_and_grown():
     context = list(range(5000)) * 2  # the second half repeats the first
     d = Drafter(context[:7000])
