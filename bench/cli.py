@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenarios", nargs="*", default=[],
                         help=f"which to run: {', '.join(SCENARIOS)} (default: the first three)")
     parser.add_argument("--quick", action="store_true", help="small sizes: a few minutes in all")
-    parser.add_argument("--lengths", help="first_turn, planner and scorers prompt lengths, comma-separated tokens")
+    parser.add_argument("--lengths", help="first_turn, planner, scorers and decode_copy prompt lengths, "
+                        "comma-separated tokens")
     parser.add_argument("--content", default="logs",
                         help="planner: what the tool result holds, logs and/or code, comma-separated (default logs)")
     parser.add_argument("--out", default="results/bench", help="results folder")
@@ -273,7 +274,8 @@ def claude_session(r: Run) -> Any:
 def decode_copy(r: Run) -> Any:
     from bench import decode_copy
 
-    return decode_copy.run(r.engine, r.path("decode_copy"), (4096,) if r.quick else (4096, 20480))
+    return decode_copy.run(r.engine, r.path("decode_copy"), tuple(r.lengths([4096], [4096, 20480])),
+                           arms=r.arms(tuple(decode_copy.ARMS)))
 
 
 def fresh_start(r: Run) -> Any:

@@ -75,7 +75,8 @@ def asks(last: Any) -> dict[str, tuple[str, bool]]:
     }
 
 
-def run(engine_config: EngineConfig, out: Path, depths: tuple[int, ...] = (4096, 20480), seed: int = 7) -> dict:
+def run(engine_config: EngineConfig, out: Path, depths: tuple[int, ...] = (4096, 20480), seed: int = 7,
+        arms: tuple[str, ...] = tuple(ARMS)) -> dict:
     from core.engine import Engine
 
     config = model_files.with_default_models(EngineConfig(
@@ -93,7 +94,8 @@ def run(engine_config: EngineConfig, out: Path, depths: tuple[int, ...] = (4096,
                 prompt = engine.chat.render_chat([*messages, {"role": "user", "content": ask}], (EDIT_TOOL,),
                                                  has_grammar=forced)
                 plain_tokens: list[int] = []
-                for arm, decoding in ARMS.items():
+                for arm in dict.fromkeys(("plain", *arms)):  # plain first: the reference
+                    decoding = ARMS[arm]
                     progress(f"decode_copy: {len(prompt)} tokens, {kind}, {arm}")
                     params = TurnParams(prefill=PrefillPolicy(enabled=False), decoding=DecodingPolicy(**decoding),
                                         sampling=SamplingParams(max_tokens=MAX_TOKENS, constraint=constraint))
