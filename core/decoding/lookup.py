@@ -5,8 +5,8 @@ read, a ``Write`` of a file that is mostly the old one, the same tool-call scaff
 turn.  The longest suffix of the tokens so far (an n-gram of ``max_ngram`` down to
 ``min_ngram``) is looked up in the prompt and the reply, and the tokens that followed the earlier
 occurrence matching furthest back (the latest among equals) are the draft (llama.cpp's n-gram
-modes, vLLM's ``ngram`` method, "Prompt Lookup Decoding", A. Saxena 2023).  Drafts cost nothing; with no match there is no
-draft, and the step is a plain one-token decode, batched with the other turns.  ``k`` doubles
+modes, vLLM's ``ngram`` method, "Prompt Lookup Decoding", A. Saxena 2023).  Drafts cost
+nothing; with no match there is no draft, and the step is a plain one-token decode, batched with the other turns.  ``k`` doubles
 after a fully accepted draft and falls to what was accepted after a miss.
 
 Verification is speculative decoding's (core.decoding.verify): greedy replies are the target's
