@@ -2,12 +2,12 @@
 
 A coding agent's reply copies much of its context: an ``Edit``'s ``old_string`` from a file it
 read, a ``Write`` of a file that is mostly the old one, the same tool-call scaffolding every
-turn.  The longest suffix of the tokens so far (an n-gram of ``max_ngram`` down to
-``min_ngram``) is looked up in the prompt and the reply, and the tokens that followed the earlier
-occurrence matching furthest back (the latest among equals) are the draft (llama.cpp's n-gram
-modes, vLLM's ``ngram`` method, "Prompt Lookup Decoding", A. Saxena 2023).  Drafts cost
-nothing; with no match there is no draft, and the step is a plain one-token decode, batched with the other turns.  ``k`` doubles
-after a fully accepted draft and falls to what was accepted after a miss.
+turn. The longest suffix of the tokens so far (an n-gram of ``max_ngram`` down to ``min_ngram``)
+is looked up in the prompt and the reply, and the tokens that followed the earlier occurrence
+matching furthest back (the latest among equals) are the draft (llama.cpp's n-gram modes, vLLM's
+``ngram`` method, "Prompt Lookup Decoding", A. Saxena 2023). Drafts cost nothing; with no match
+there is no draft, and the step is a plain one-token decode, batched with the other turns. ``k``
+doubles after a fully accepted draft and falls to what was accepted after a miss.
 
 Verification is speculative decoding's (core.decoding.verify): greedy replies are the target's
 argmax at every step, sampled ones keep its distribution (the draft is deterministic: q is one
