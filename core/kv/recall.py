@@ -8,7 +8,9 @@ on are taken out (saved), the recalled runs are prefilled as a sparse prefill's 
 (core.kv.sparse_prefill: each attends to the cells before it), and the cells taken out are
 joined back, in position order, in one load.  A recalled run attends to what the sequence
 held before its first token, and to the recalled runs before it: the cells kept between two
-runs are out while the runs are prefilled, as later cells are during any prefill.
+runs are out while the runs are prefilled, as later cells are during any prefill.  So a named
+block comes back as one run, its kept lines prefilled again among the dropped ones
+(core.specprefill.lines.recall), and cells kept inside a run are replaced by the new ones.
 
 The saved states go through buffers kept between recalls (fresh pages cost more than the copy
 on this kind of VM); one slot recalls at a time, and a turn that finds the buffers busy does
@@ -33,8 +35,8 @@ class Recall:
         self._saved, self._now, self._joined = bytearray(), bytearray(), bytearray()
 
     def run(self, seq: Seq, kv: TokenCells, indices: np.ndarray, relabel: bool = False) -> TurnSteps[None]:
-        """Prefill ``kv.tokens[indices]`` (ascending logical indices the sequence dropped, in a
-        session whose cells sit at their logical positions) into ``seq`` at their positions,
+        """Prefill ``kv.tokens[indices]`` (ascending logical indices, some the sequence dropped, in
+        a session whose cells sit at their logical positions) into ``seq`` at their positions,
         and record them in ``kv``.  A turn cancelled meanwhile leaves the cells taken out
         out, and ``kv`` as it was: the caller's failure path rebuilds the session."""
         self.busy = True

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.spans import runs
+
 NUMBERED = re.compile(rb"^\s*\d+\t")  # cat -n / Read: the line number and a tab
 OPENS = (b"def ", b"async def ", b"class ")
 TOP_LEVEL = re.compile(rb"^(import |from |@|[A-Za-z_][A-Za-z0-9_]*\s*(:[^=]*)?=[^=])")  # imports, decorators, names
@@ -141,13 +143,22 @@ def named_with_blocks(lines: Lines, max_block_lines: int = 80, max_line_tokens: 
 
 def recall(dropped: np.ndarray, lines: Lines, max_tokens: int, max_block_lines: int = 80,
            max_line_tokens: int = 0) -> np.ndarray:
-    """The tokens of earlier turns to bring back into the target's cache: those a sparse
-    prefill dropped (``dropped``, a boolean mask over the history) on a line the request names
-    or in a named ``def``'s block.  A later question about a file read turns ago ("now copy
+    """The tokens of earlier turns to prefill again into the target's cache: on each stretch
+    of lines the request names (a named line, a named ``def``'s block), those from the first
+    token a sparse prefill dropped (``dropped``, a boolean mask over the history) to the last,
+    the kept ones between included.  A later question about a file read turns ago ("now copy
     ``other_function``") needs lines no earlier request named, and the scorer never saw it.
+    One run per stretch, because a recalled run attends only to the cells before its first
+    token: a body line kept between two recalled runs would be out of the second run's sight,
+    and the copied body came back with that line skipped or swapped (issue 52).
     Indices, ascending; the newest ``max_tokens`` of them when there are more."""
     named = named_with_blocks(lines, max_block_lines, max_line_tokens)[lines.of_token]
-    found = np.flatnonzero(dropped & named)
+    wanted = np.zeros(len(dropped), dtype=bool)
+    for a, b in runs(np.flatnonzero(named)):
+        inside = np.flatnonzero(dropped[a:b])
+        if inside.size:
+            wanted[a + inside[0]:a + inside[-1] + 1] = True
+    found = np.flatnonzero(wanted)
     return found[-max_tokens:] if max_tokens > 0 else found[:0]
 
 

@@ -70,8 +70,8 @@ def test_a_function_the_request_names_is_kept_whole_from_the_file_read(tiny_engi
 
 def test_a_follow_up_naming_a_dropped_function_recalls_its_lines(tiny_engine):
     """A later request naming a function an earlier sparse prefill dropped brings its lines
-    back into the target, each at its own position (core.kv.recall), and leaves every other
-    cell as it was: the same positions, the same K and V."""
+    back into the target, each at its own position (core.kv.recall), and leaves every cell
+    outside the recalled run as it was: the same positions, the same K and V."""
     module = python_module(random.Random(5), "src/b.py", target_chars=3000)
     first, later = module.questions[0], module.questions[-1]
     assert first.kind == later.kind == "function_source"
@@ -97,10 +97,14 @@ def test_a_follow_up_naming_a_dropped_function_recalls_its_lines(tiny_engine):
     after = _cells(tiny_engine)
     held = [p for p in kv.target.kv_pos if p >= 0]
     assert list(after.positions) == sorted(held), "cells and bookkeeping disagree, or out of order"
-    same = np.isin(after.positions, before.positions)
+    new = after.positions[~np.isin(after.positions, before.positions)]
+    # a named block comes back as one run: cells kept inside it are prefilled again, the rest stay
+    outside = (after.positions < new.min()) | (after.positions > new.max())
+    same = np.isin(after.positions, before.positions) & outside
+    assert same.sum() > len(before.positions) // 2
     old = np.argsort(before.positions)
     for k_after, k_before in zip(after.k, before.k, strict=True):
-        assert np.array_equal(k_after[same], k_before[old][np.isin(before.positions[old], after.positions)])
+        assert np.array_equal(k_after[same], k_before[old][np.isin(before.positions[old], after.positions[same])])
 
     r3 = tiny_engine.run(chat.render_chat(follow + [{"role": "assistant", "content": "Done."},
                                                     {"role": "user", "content": later.ask}], ()), params, kv=kv)

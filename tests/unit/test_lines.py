@@ -137,6 +137,26 @@ def test_recall_brings_back_the_dropped_tokens_of_a_named_def_and_nothing_else()
     assert recall(dropped, lines_of(p), max_tokens=1000).size == 0  # nothing named
 
 
+def test_recall_brings_a_named_block_back_as_one_run_with_its_kept_lines_between():
+    """A body line kept between two dropped ones is prefilled again inside the run, so the
+    run after it attends to it; kept lines before the first dropped token and after the last
+    stay as they are, and nothing outside the named block comes back."""
+    p = pieces("".join(SOURCE))
+    info = lines_of(p, frozenset({b"foo"}))
+    dropped = np.ones(len(p), dtype=bool)
+    dropped[:at(p, b"def foo")] = False
+    kept_line = np.flatnonzero(info.of_token == 2)  # "    b = a", kept by the earlier prefill
+    dropped[kept_line] = False
+    got = recall(dropped, info, max_tokens=1000)
+    assert np.all(np.diff(got) == 1), "the block came back as more than one run"
+    assert set(kept_line.tolist()) <= set(got.tolist())
+    assert got[0] == np.flatnonzero(dropped)[0] and "return b" in kept_text(p, np.isin(np.arange(len(p)), got))
+    assert "class K" not in kept_text(p, np.isin(np.arange(len(p)), got))
+    whole = np.zeros(len(p), dtype=bool)
+    whole[:at(p, b"    b = a")] = True  # the def line and everything before it kept: the run starts after
+    assert recall(~whole, info, max_tokens=1000)[0] == at(p, b"    b = a")
+
+
 def test_a_quoted_path_names_its_code_shaped_parts_and_a_named_json_key_keeps_its_object():
     names = names_in("Read config/plant.json and tell me the value of `services.cursor_signal.ledger_max`.")
     assert {b"cursor_signal", b"ledger_max"} <= names and b"services" not in names
