@@ -72,7 +72,23 @@ def server(cmd: list[str], port: int, log: Path, pids: list[int] | None = None,
         finally:
             with contextlib.suppress(ProcessLookupError):  # a bench may have SIGKILLed it
                 os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(60)
+            _await_stop(proc, log)
+
+
+STOP_WAIT_S = 180.0  # past the drain's own bounds (settle, hand-over, the tier's close), with room
+
+
+def _await_stop(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait for a SIGTERMed server; one that has not stopped by then is killed and said so
+    (its log holds ``drain_step_timeout``'s stacks, when a drain step hung), and the bench
+    goes on with its other arms."""
+    try:
+        proc.wait(STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        print(f"SERVER DID NOT STOP in {STOP_WAIT_S:.0f} s after SIGTERM: killed, see {log}", file=sys.stderr)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def rss_mb(pid: int) -> float:

@@ -9,10 +9,15 @@ listens, and again, as a no-op, from ``on_shutdown``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import faulthandler
 import socket
+import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 import aiohttp
 import structlog
@@ -37,6 +42,7 @@ from gateway.wire.openai_responses import routes as openai_responses
 from sessions.layer import LayerSettings, open_layer
 
 log = structlog.get_logger("specgate.http")
+T = TypeVar("T")
 
 
 @web.middleware
@@ -122,9 +128,28 @@ async def drain(app: web.Application) -> None:
     for ws in tuple(sockets):
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
     manager = app[keys.MANAGER]
-    kv = await manager.settle_kv(max(5.0, cfg.drain_timeout_s))
-    flushed, released = await manager.hand_over(min(5.0, cfg.drain_timeout_s))
+    settle_s, hand_s = max(5.0, cfg.drain_timeout_s), min(5.0, cfg.drain_timeout_s)
+    kv = await _step("settle_kv", manager.settle_kv(settle_s), settle_s + STEP_SLACK_S, {})
+    flushed, released = await _step("hand_over", manager.hand_over(hand_s), hand_s + STEP_SLACK_S, (False, 0))
     log.info("drain_done", cancelled=cancelled, store_flushed=flushed, leases_released=released, **kv)
+
+
+STEP_SLACK_S = 10.0  # past a drain step's own deadline before it is given up
+
+
+async def _step(name: str, work: Awaitable[T], limit_s: float, fallback: T) -> T:
+    """``work``'s result, or ``fallback`` when it runs past ``limit_s``: every drain step bounds
+    itself, and one that still does not return must not keep the process from stopping.  Its
+    threads' and tasks' stacks go to stderr, for the bug report."""
+    try:
+        return await asyncio.wait_for(work, limit_s)
+    except TimeoutError:
+        log.error("drain_step_timeout", step=name, limit_s=limit_s)
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a stderr without a file
+            faulthandler.dump_traceback(all_threads=True)
+            for task in asyncio.all_tasks():
+                task.print_stack(file=sys.stderr)
+        return fallback
 
 
 SHUTDOWN_S = 5.0

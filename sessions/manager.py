@@ -384,15 +384,18 @@ class SessionManager:
     async def settle_kv(self, timeout_s: float) -> dict[str, Any]:
         """Drain: idle work stops, and what it still owed the KV tier (wanted prefix entries,
         checkpoints of idle sessions) is done and written within ``timeout_s``, so a restart
-        finds it.  Returns what was written and what was left for lack of time."""
+        finds it.  Returns what was queued, what was left for lack of time, whether the queued
+        writes ran (``kv_writes_landed``) and how many of them failed."""
         deadline = time.monotonic() + timeout_s
         self.worker.idle_enabled = False
         tier = self.prefixes.tier
         if tier is None or not self.models_ready:
             return {}
+        failed = tier.write_failures
         queued, left = await self.worker.call(Settle(deadline))
         landed = await asyncio.to_thread(tier.flush, max(0.0, deadline - time.monotonic()))
         return {"kv_saved": queued, "kv_left": left, "kv_writes_landed": landed,
+                "kv_writes_failed": tier.write_failures - failed,
                 "kv_writes_waiting_mb": round(tier.queued_bytes / 2**20, 1)}
 
     async def hand_over(self, flush_timeout_s: float) -> tuple[bool, int]:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # the engine (llama.cpp) loads on the model thread, not when 
     from core.engine import Engine
 
 log = structlog.get_logger("specgate.worker")
+CLOSE_JOIN_S = 30.0  # for the model thread to finish its step and stop
 T = TypeVar("T")
 _STOP = object()
 
@@ -127,7 +128,9 @@ class ModelWorker:
         thread, engine, self._engine = self._thread, self._engine, None
         if thread is not None:
             self._inbox.put(_STOP)
-            await asyncio.get_running_loop().run_in_executor(None, thread.join)
+            await asyncio.get_running_loop().run_in_executor(None, thread.join, CLOSE_JOIN_S)
+            if thread.is_alive():  # a stuck llama.cpp call: the thread is a daemon, the exit goes on
+                log.error("model_thread_stuck", waited_s=CLOSE_JOIN_S)
         self.state = ModelState.CLOSED
         del engine
 

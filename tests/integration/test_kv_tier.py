@@ -264,3 +264,31 @@ def test_a_stop_right_after_a_siblings_reply_keeps_the_shared_prefix(tiny_target
         assert t["prefix_source"] == "tier" and t["prefix_shared_n"] == n and t["prompt_n"] == t["context_n"] - n
     finally:
         again.stop()
+
+
+def test_a_drain_step_that_never_returns_is_given_up_and_the_stop_goes_on(tiny_target, tiny_speculator, tmp_path):
+    """The drain's tier settling waits on the model thread; held here, as a hung thread would
+    hold it, that step is given up after its bound (the drain timeout, at least 5 s, plus
+    10 s), logged, and the drain goes on to hand the sessions over: a SIGTERM always ends."""
+    import time
+
+    from structlog.testing import capture_logs
+
+    from gateway import keys
+    from gateway.app import drain
+    from tests.support import ModelThreadHeld
+
+    gw = start_gateway(tiny_target, tiny_speculator, engine={"slots": 1}, kv_tier_dir=str(tmp_path),
+                       drain_timeout_s=0.0)
+    try:
+        converse(gw.base, "d-1", "Which unit alarmed?")
+        with capture_logs() as logs, ModelThreadHeld(gw):
+            t0 = time.monotonic()
+            gw.call(drain(gw.app))
+            took = time.monotonic() - t0
+        events = {e["event"]: e for e in logs}
+        assert events["drain_step_timeout"]["step"] == "settle_kv" and 14 < took < 30
+        assert "drain_done" in events and gw.app[keys.RUNNER].draining
+        assert httpx.get(gw.base + "/ready").status_code == 503
+    finally:
+        gw.stop()
