@@ -49,6 +49,11 @@ TAG = 16  # bytes of keyed tag before a note's data
 NOTE_MAX = 32 << 20  # a note lists tokens: an owner's 8 newest checkpoints of 100K tokens are ~6 MB
 PARTIAL_AGE_S = 600.0  # a temporary file this old is a killed writer's, not a replica's write under way
 BACKOFF_S = 30.0  # after a lookup past its deadline, lookups miss at once for this long
+# An entry's read gets this rate's time on top of the lookup deadline: the slowest transfer
+# still worth waiting for.  A 1.5B target's KV with its scorer's is ~40 KB a token, so 32 MB/s
+# brings back ~800 tokens a second, some 20x a 2-core CPU's prefill; a fixed 5 s cut an
+# 11.7K-token checkpoint (470 MB, 4-5 s from a local Redis) off into a 330 s cold prefill.
+READ_FLOOR_BPS = 32 << 20
 
 
 @dataclass(slots=True, frozen=True)
@@ -103,6 +108,10 @@ class KVTier(abc.ABC):
     def _exists(self, name: str) -> bool: ...
 
     @abc.abstractmethod
+    def _size(self, name: str) -> int | None:
+        """The entry's stored size in bytes, None when absent (no body read)."""
+
+    @abc.abstractmethod
     def _touch(self, name: str) -> None:
         """Recently used: the last to go."""
 
@@ -131,7 +140,9 @@ class KVTier(abc.ABC):
     def get(self, key: str) -> Blobs | None:
         """The entry's blobs, or None: absent, being written, failing a check (then deleted),
         or not read within the deadline."""
-        blobs = self._bounded(self.read_entry, key, default=None)
+        size = self._bounded(self._size, self.name(key), default=None)
+        deadline_s = self.read_deadline_s(min(size or 0, self.budget))
+        blobs = None if size is None else self._bounded(self.read_entry, key, None, deadline_s)
         if blobs is None:
             self.misses += 1
         return blobs
@@ -139,16 +150,21 @@ class KVTier(abc.ABC):
     def note(self, name: str) -> bytes | None:
         return self._bounded(self.read_note, name, default=None)
 
-    def _bounded(self, fn: Callable[[str], T], arg: str, default: T) -> T:
+    def read_deadline_s(self, size: int) -> float:
+        """How long the model thread waits for an entry of ``size`` bytes to be read."""
+        return self.timeout_s + size / READ_FLOOR_BPS
+
+    def _bounded(self, fn: Callable[[str], T], arg: str, default: T, timeout_s: float | None = None) -> T:
         if self._closed or time.monotonic() < self._down_until:
             return default
+        limit = self.timeout_s if timeout_s is None else timeout_s
         future = self._reader.submit(fn, arg)
         try:
-            return future.result(timeout=self.timeout_s)
+            return future.result(timeout=limit)
         except concurrent.futures.TimeoutError:
             self.timeouts += 1
             self._down_until = time.monotonic() + BACKOFF_S
-            log.warning("kv_tier_slow", where=self.where, timeout_s=self.timeout_s, backoff_s=BACKOFF_S)
+            log.warning("kv_tier_slow", where=self.where, timeout_s=round(limit, 1), backoff_s=BACKOFF_S)
             return default
         except Exception as exc:  # noqa: BLE001 -- a failed lookup is a miss, never a failed turn
             log.warning("kv_tier_read_failed", error=f"{type(exc).__name__}: {exc}")
@@ -327,6 +343,12 @@ class DirectoryTier(KVTier):
 
     def _exists(self, name: str) -> bool:
         return self._file(name).exists()
+
+    def _size(self, name: str) -> int | None:
+        try:
+            return self._file(name).stat().st_size
+        except OSError:
+            return None
 
     def _touch(self, name: str) -> None:
         with contextlib.suppress(OSError):

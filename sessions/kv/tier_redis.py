@@ -164,6 +164,13 @@ class RedisTier(KVTier):
         except redis.RedisError:
             return False
 
+    def _size(self, name: str) -> int | None:
+        try:
+            head = self.client.get(self._head(name))
+            return None if head is None else int(_text(head).split(":")[2])
+        except (redis.RedisError, ValueError, IndexError):
+            return None
+
     def _touch(self, name: str) -> None:
         try:
             self.client.zadd(self.lru, {name: time.time()})

@@ -55,3 +55,32 @@ def test_the_folder_stays_within_its_budget_least_recently_used_first(tmp_path):
     assert not tier.path("a").exists() and tier.get("b") == BLOBS and tier.get("c") == BLOBS
     assert tier.bytes_used <= 2 * one
     tier.close()
+
+
+class SlowReads(DirectoryTier):
+    """A tier whose body reads take ``delay_s`` (a busy Redis, a slow disk)."""
+
+    delay_s = 0.4
+
+    def _read(self, name: str) -> bytes | None:
+        import time
+
+        time.sleep(self.delay_s)
+        return super()._read(name)
+
+
+def test_a_large_entry_gets_the_time_its_size_needs_and_a_small_one_does_not(tmp_path):
+    """A lookup answers within the tier's deadline, but an entry's read gets its size's time
+    on top (READ_FLOOR_BPS): a deep session's checkpoint is hundreds of MB, and recomputing it
+    costs minutes.  A small entry read as slowly misses at the deadline."""
+    from sessions.kv.tier import READ_FLOOR_BPS
+
+    s = TierSettings(b"pair-1", 64 << 20, b"secret", timeout_s=0.1)
+    large = (os.urandom(READ_FLOOR_BPS // 2), b"s")  # half a second's worth at the floor
+    written(DirectoryTier(tmp_path, s), "large", large)
+    written(DirectoryTier(tmp_path, s), "small")
+    slow = SlowReads(tmp_path, s)
+    assert slow.read_deadline_s(len(large[0])) > 0.5
+    assert slow.get("large") == large and slow.timeouts == 0
+    assert slow.get("small") is None and slow.timeouts == 1  # 0.4 s against 0.1 s and a few bytes' time
+    slow.close()
