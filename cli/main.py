@@ -91,7 +91,7 @@ HELP = {
                       "sharing a tier needs the same; SPECGATE_KV_TIER_SECRET); empty: one generated once into "
                       "the cache dir (kv-tier.secret, 0600)",
     "kv_tier_timeout_s": "the model thread waits this long for one KV tier lookup (an entry's read: a second more per "
-                         "32 MB of it); past it the turn builds what it "
+                         "16 MB of it); past it the turn builds what it "
                          "looked for, and lookups miss at once for 30 s",
     "kv_tier_queue_mb": "KV tier writes that may wait at once; past it a checkpoint is skipped and counted",
     "isolate_conversations": "many end users behind one API key: a new conversation reuses only the shared system "

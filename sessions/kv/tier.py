@@ -50,10 +50,11 @@ NOTE_MAX = 32 << 20  # a note lists tokens: an owner's 8 newest checkpoints of 1
 PARTIAL_AGE_S = 600.0  # a temporary file this old is a killed writer's, not a replica's write under way
 BACKOFF_S = 30.0  # after a lookup past its deadline, lookups miss at once for this long
 # An entry's read gets this rate's time on top of the lookup deadline: the slowest transfer
-# still worth waiting for.  A 1.5B target's KV with its scorer's is ~40 KB a token, so 32 MB/s
-# brings back ~800 tokens a second, some 20x a 2-core CPU's prefill; a fixed 5 s cut an
-# 11.7K-token checkpoint (470 MB, 4-5 s from a local Redis) off into a 330 s cold prefill.
-READ_FLOOR_BPS = 32 << 20
+# still worth waiting for.  A 1.5B target's KV with its scorer's is ~40 KB a token, so 16 MB/s
+# brings back ~400 tokens a second, some 10-20x a 2-core CPU's prefill.  A fixed 5 s cut an
+# 11.7K-token checkpoint (470 MB: 4-5 s from an idle local Redis, more on a busy machine) off
+# into a cold prefill of 330-720 s; at 32 MB/s the replica's load took 17.9 s of its 19.7 s.
+READ_FLOOR_BPS = 16 << 20
 
 
 @dataclass(slots=True, frozen=True)
