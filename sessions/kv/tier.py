@@ -105,8 +105,8 @@ class KVTier(abc.ABC):
     @abc.abstractmethod
     def _delete(self, name: str) -> None: ...
 
-    @abc.abstractmethod
-    def _exists(self, name: str) -> bool: ...
+    def _exists(self, name: str) -> bool:
+        return self._size(name) is not None
 
     @abc.abstractmethod
     def _size(self, name: str) -> int | None:
@@ -341,9 +341,6 @@ class DirectoryTier(KVTier):
             size = path.lstat().st_size
             path.unlink()
             self._used = max(0, self._used - size)
-
-    def _exists(self, name: str) -> bool:
-        return self._file(name).exists()
 
     def _size(self, name: str) -> int | None:
         try:

@@ -158,12 +158,6 @@ class RedisTier(KVTier):
         except (redis.RedisError, ValueError) as exc:
             log.warning("kv_tier_delete_failed", entry=name, error=str(exc))
 
-    def _exists(self, name: str) -> bool:
-        try:
-            return bool(self.client.exists(self._head(name)))
-        except redis.RedisError:
-            return False
-
     def _size(self, name: str) -> int | None:
         try:
             head = self.client.get(self._head(name))
