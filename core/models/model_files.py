@@ -8,7 +8,6 @@ sha256 of the assembled file.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import re
@@ -24,7 +23,7 @@ import structlog
 
 from core.config import EngineConfig, kv_cache_bytes
 from core.errors import FetchError, ModelFileError
-from core.llama.gguf_file import validate_gguf
+from core.llama.gguf_file import scalar_fields
 from core.loader import override
 
 log = structlog.get_logger("specgate.models")
@@ -112,28 +111,16 @@ def fit_slots(config: EngineConfig) -> EngineConfig:
     return config
 
 
-def _metadata(path: str | Path) -> tuple[dict[str, int], str]:
-    """The file's scalar integer fields and its architecture, parsed once per file version:
-    gguf's reader walks the whole tokenizer (5-6 s for Qwen's 151K-token vocabulary on a
-    2-core EPYC), and a server start asks for three of these fields."""
-    st = Path(validate_gguf(path)).stat()
-    return _parsed(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+def _metadata(path: str | Path) -> tuple[dict[str, int | float | bool | str], str]:
+    fields = scalar_fields(path)
+    if not isinstance(arch := fields.get("general.architecture"), str):
+        raise ModelFileError(f"{path} does not name its architecture (general.architecture)")
+    return fields, arch
 
 
-@functools.lru_cache(maxsize=16)
-def _parsed(path: str, size: int, mtime_ns: int) -> tuple[dict[str, int], str]:
-    from gguf import GGUFReader, GGUFValueType
-
-    reader = GGUFReader(path, "r")
-    arch = reader.fields["general.architecture"]
-    ints = {key: int(f.parts[f.data[0]][0]) for key, f in reader.fields.items()
-            if len(f.types) == 1 and f.types[0] not in (GGUFValueType.STRING, GGUFValueType.ARRAY)
-            and f.types[0] not in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64)}
-    return ints, bytes(arch.parts[arch.data[0]]).decode()
-
-
-def _int_field(fields: dict[str, int], key: str) -> int | None:
-    return fields.get(key)
+def _int_field(fields: dict[str, int | float | bool | str], key: str) -> int | None:
+    value = fields.get(key)
+    return value if isinstance(value, int) else None
 
 
 def trained_context(path: str | Path) -> int:
