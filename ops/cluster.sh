@@ -59,7 +59,12 @@ down() {
   for f in "$DIR"/replica-*.pid; do
     [ -e "$f" ] || continue
     local pid; pid=$(cat "$f")
-    for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    # a zombie (exited, its parent has not reaped it yet) still answers kill -0: it is gone
+    for _ in $(seq 300); do
+      kill -0 "$pid" 2>/dev/null || break
+      [ "$(ps -o stat= -p "$pid" 2>/dev/null | cut -c1)" = Z ] && break
+      sleep 0.2
+    done
     rm -f "$f"
   done
   [ -e "$DIR/haproxy.pid" ] && kill "$(cat "$DIR/haproxy.pid")" 2>/dev/null || true
