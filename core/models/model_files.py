@@ -23,7 +23,7 @@ import structlog
 
 from core.config import EngineConfig, kv_cache_bytes
 from core.errors import FetchError, ModelFileError
-from core.llama.gguf_file import scalar_fields
+from core.llama.gguf_file import Scalar, scalar_fields
 from core.loader import override
 
 log = structlog.get_logger("specgate.models")
@@ -111,14 +111,14 @@ def fit_slots(config: EngineConfig) -> EngineConfig:
     return config
 
 
-def _metadata(path: str | Path) -> tuple[dict[str, int | float | bool | str], str]:
+def _metadata(path: str | Path) -> tuple[dict[str, Scalar], str]:
     fields = scalar_fields(path)
     if not isinstance(arch := fields.get("general.architecture"), str):
         raise ModelFileError(f"{path} does not name its architecture (general.architecture)")
     return fields, arch
 
 
-def _int_field(fields: dict[str, int | float | bool | str], key: str) -> int | None:
+def _int_field(fields: dict[str, Scalar], key: str) -> int | None:
     value = fields.get(key)
     return value if isinstance(value, int) else None
 
