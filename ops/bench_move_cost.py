@@ -1,0 +1,82 @@
+"""What a bridge costs as the sequence grows: moving one position label (the whole sequence's
+saved state out and back, where slots' cells are private) and one K-shift, on the real target
+in the serving layout (4 slots of split KV streams, the trained context), after 128 cells (what
+start-up calibrates with) and at depth.
+
+    .venv/bin/python ops/bench_move_cost.py [MAX_CELLS] [REPEATS]
+
+The sequence is filled with a source file's tokens, 1,024 at a time; at each checkpoint a
+move is timed the way start-up times it (``core.kv.sparse_prefill.move_cost``, best of
+REPEATS), and so is a K-shift (the step after a shifted cell, less a plain step).  Writes
+results/bench/move_cost.json: seconds per move, and per cell, against cells held.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from bench.common import write_result
+from core import corpus
+from core.config import EngineConfig
+from core.kv.sparse_prefill import move_cost, shift_one
+from core.llama.context import Context, Seq
+from core.llama.model import Model
+from core.models import model_files
+
+OUT = Path("results/bench/move_cost.json")
+CHECKPOINTS = (128, 1024, 2048, 4096, 8192, 12288, 16384, 24576)
+
+
+def shift_cost(seq: Seq, cells: int, token: int) -> float:
+    """One K-shift's cost in a sequence of ``cells`` cells: the step after it, less a step."""
+    seq.decode([token], cells)
+    t0 = time.perf_counter()
+    seq.decode([token], cells + 1)
+    step = time.perf_counter() - t0
+    shift_one(seq, cells + 1)
+    t0 = time.perf_counter()
+    seq.decode([token], cells + 3)
+    shifted = time.perf_counter() - t0
+    seq.remove_cells(cells, -1)
+    return max(0.0, shifted - step)
+
+
+def move_s(seq: Seq, cells: int) -> float:
+    per_move, per_cell = move_cost(seq, cells)
+    return per_move + per_cell * cells
+
+
+def main() -> None:
+    max_cells = int(sys.argv[1]) if len(sys.argv) > 1 else 8192
+    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    cfg = model_files.with_default_models(EngineConfig())
+    model = Model(cfg.target)
+    ctx = Context(model, n_ctx=32768, n_batch=512, n_ubatch=512, n_threads=cfg.n_threads, flash_attn=True,
+                  n_seq=4, unified=False)
+    try:
+        text = "".join(corpus.read(f"stdlib:{m}.py") for m in ("difflib", "argparse", "typing", "inspect"))
+        tokens = model.tokenize(text, add_special=False)[:max_cells]
+        seq, filled, rows = ctx.seq(0), 0, []
+        for cells in (c for c in CHECKPOINTS if c <= len(tokens)):
+            t0 = time.perf_counter()
+            seq.decode(tokens[filled:cells], filled)
+            fill_s, filled = time.perf_counter() - t0, cells
+            best = min(move_s(seq, cells) for _ in range(repeats))
+            shift = min(shift_cost(seq, cells, tokens[0]) for _ in range(repeats))
+            rows.append({"cells": cells, "move_s": round(best, 4), "move_us_per_cell": round(best / cells * 1e6, 2),
+                         "shift_s": round(shift, 4), "fill_s": round(fill_s, 1)})
+            print(rows[-1], flush=True)
+        first = rows[0]["move_us_per_cell"]
+        write_result(OUT, "move_cost", {
+            "layout": "4 slots, split streams, n_ctx 32768, flash attention", "repeats": repeats, "rows": rows,
+            "per_cell_vs_128": {r["cells"]: round(r["move_us_per_cell"] / first, 2) for r in rows}},
+            {"target": cfg.target})
+    finally:
+        ctx.close()
+        model.close()
+
+
+if __name__ == "__main__":
+    main()
