@@ -66,6 +66,8 @@ class Timings:
     kept_runs: int = 0  # contiguous runs those tokens form
     content_kind: str = ""  # of the tokens free to drop (core.specprefill.content), when the planner looked
     prompt_ms: float = 0.0  # the target's prefill
+    bridge_moves: int = 0  # position labels moved between its runs (core.kv.sparse_prefill)
+    bridge_ms: float = 0.0  # those moves (part of prompt_ms)
     recalled_n: int = 0  # earlier turns' dropped tokens prefilled back first: lines this request names (core.kv.recall)
     recall_ms: float = 0.0  # that prefill, with taking the later cells out and back (part of the TTFT)
     physical_n: int = 0  # the target's KV positions the prompt takes (below context_n once cells were packed)
@@ -138,6 +140,8 @@ class Timings:
         if self.evicted_n or 0 < self.physical_n != self.context_n:
             out.update({"physical_n": self.physical_n, "evicted_n": self.evicted_n,
                         "evict_ms": round(self.evict_ms, 2)})
+        if self.bridge_moves:
+            out.update({"bridge_moves": self.bridge_moves, "bridge_ms": round(self.bridge_ms, 2)})
         if self.recalled_n:
             out.update({"recalled_n": self.recalled_n, "recall_ms": round(self.recall_ms, 2)})
         if self.constraint:

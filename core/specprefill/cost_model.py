@@ -19,6 +19,7 @@ overrule it.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ PRIOR_WEIGHT = 0.05  # pull toward the prior, relative to one measurement
 PRIOR_KEPT = {ContentKind.CODE: 0.35, ContentKind.LOGS: 0.12, ContentKind.PROSE: 0.15}
 PRIOR_RUN_TOKENS = 64.0  # kept tokens per contiguous run, until selections are seen
 SLOW_SAMPLE = 1.25  # a measurement this much slower than the fit predicts is suspected of contention
+MOVE_ALPHA = 0.5  # weight of a sparse prefill's timed moves against what was known of moves before
 
 
 def attended(m: int, c: int, span: int = 0) -> float:
@@ -93,6 +95,18 @@ class PrefillCost:
         a, b, d = self.coef
         per_token = a + b * c
         return int((d + self.bridge_s(c)) / per_token) if per_token > 0 else 0
+
+    def observe_moves(self, count: int, cells: int, seconds: float) -> None:
+        """``count`` label moves timed in a sequence of about ``cells`` cells: start-up timed
+        one in 130 cells, and a move through the saved state copies the whole sequence, so
+        what it costs at depth is learned from the moves made there."""
+        if count <= 0 or seconds <= 0 or not math.isfinite(self.move_s_per_cell):
+            return
+        per_move = seconds / count
+        if self.move_s_per_cell > 0 and cells > 0:  # private cells: the copy is per cell
+            self.move_s_per_cell += MOVE_ALPHA * (per_move / cells - self.move_s_per_cell)
+        elif self.move_s > 0:  # through the scratch sequence: per move, at any depth
+            self.move_s += MOVE_ALPHA * (per_move - self.move_s)
 
     def observe(self, m: int, c: int, calls: int, seconds: float, span: int = 0) -> None:
         if m >= 1 and seconds > 0:

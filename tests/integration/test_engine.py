@@ -9,7 +9,7 @@ from core.chat import ChatTemplate
 from core.config import EngineConfig
 from core.engine import Engine
 from core.errors import EmptyPrompt, ModelFileError, PromptTooLong, TurnCancelled, VocabMismatch
-from core.kv.sparse_prefill import sparse_prefill
+from core.kv.sparse_prefill import Moves, sparse_prefill
 from core.policies import SamplingParams
 from core.prompt import Prompt
 from core.spans import common_prefix
@@ -104,9 +104,12 @@ def test_relabelled_bridges_see_every_cell_at_its_own_position(tiny_engine):
     seq, logits = tiny_engine.target_ctx.seq(0), {}
     for relabel in (False, True):
         seq.clear_cells()
-        assert drive(sparse_prefill(seq, tokens, kept, "original", 0, relabel)) == (n, -1)
+        moves = Moves()
+        assert drive(sparse_prefill(seq, tokens, kept, "original", 0, relabel, moves)) == (n, -1)
         logits[relabel] = seq.logits().copy()
         assert cell_positions_of(seq) == kept.tolist()
+        # a move before each of runs 2-4 and one putting them back: timed for the cost model
+        assert (moves.count, moves.seconds > 0) == ((4, True) if relabel else (0, False))
     assert np.isfinite(logits[True]).all()
     assert np.abs(logits[True] - logits[False]).max() > 1e-3
 

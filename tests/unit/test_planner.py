@@ -113,6 +113,32 @@ def test_a_move_through_the_scratch_sequence_costs_the_same_at_any_depth():
     assert not PrefillCost(shift_s=0.001, move_s=0.004).relabels(10)  # a K-shift cheaper still wins
 
 
+
+def test_moves_timed_at_depth_teach_what_a_move_costs_there():
+    """Start-up times one move in 130 cells. A sparse prefill's moves, timed where the
+    sequence is long, replace that guess: here they cost 3x per cell, so past ~4,200 cells the
+    K-shift wins, where the start-up figure would have moved labels up to 12,500 cells."""
+    cost = PrefillCost(coef=np.array([0.01, 0.0, 0.0]), shift_s=1.0, move_s_per_cell=8e-5)
+    assert cost.relabels(10_000)
+    cost.observe_moves(10, 5_000, 10 * 5_000 * 2.4e-4)  # ten moves at 240 us a cell
+    assert cost.move_s_per_cell == pytest.approx(1.6e-4)  # halfway: one prefill's moves are not the last word
+    cost.observe_moves(10, 5_000, 10 * 5_000 * 2.4e-4)
+    assert cost.move_s_per_cell == pytest.approx(2.0e-4)
+    assert not cost.relabels(10_000) and cost.bridge_s(10_000) == 1.0
+    assert cost.relabels(4_000)
+
+
+def test_moves_through_the_scratch_sequence_are_learned_per_move_and_nothing_else_changes():
+    shared = PrefillCost(shift_s=1.0, move_s=0.004)
+    shared.observe_moves(4, 20_000, 4 * 0.012)
+    assert shared.move_s == pytest.approx(0.008) and shared.move_s_per_cell == 0
+    cannot = PrefillCost(shift_s=1.0, move_s_per_cell=math.inf)  # the context cannot move labels
+    cannot.observe_moves(3, 1_000, 0.5)
+    assert cannot.move_s_per_cell == math.inf and cannot.move_s == 0
+    idle = PrefillCost(shift_s=1.0, move_s_per_cell=8e-5)
+    idle.observe_moves(0, 1_000, 0.0)  # a dense prefill: no moves, nothing learned
+    assert idle.move_s_per_cell == 8e-5
+
 def test_break_even_charges_a_k_shift_per_extra_run():
     cheap, dear = replace(SPEEDS, run_tokens=8.0), replace(SPEEDS, run_tokens=8.0)
     dear.target = replace(SPEEDS.target, shift_s=2.0, move_s_per_cell=math.inf)
