@@ -7,7 +7,8 @@ import platform
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +83,20 @@ def bench_engine(**flags: str | None) -> EngineConfig:
     built = model_files.with_default_models(build(EngineConfig, flags))
     return EngineConfig(target=built.target, speculator=built.speculator, n_threads=built.n_threads,
                         scorer=built.scorer, scoring_window=built.scoring_window)
+
+
+@contextmanager
+def serving_target(n_ctx: int) -> Iterator[tuple[EngineConfig, Any]]:
+    """The default target in the serving layout (4 slots of split KV streams, flash attention,
+    batches of 512), for the ops/ scripts that time llama.cpp calls on it: (config, context)."""
+    from core.llama.context import Context  # llama.cpp only where a script asks for it
+    from core.llama.model import Model
+    cfg = model_files.with_default_models(EngineConfig())
+    model = Model(cfg.target)
+    ctx = Context(model, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=cfg.n_threads, flash_attn=True,
+                  n_seq=4, unified=False)
+    try:
+        yield cfg, ctx
+    finally:
+        ctx.close()
+        model.close()

@@ -20,13 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import write_result
+from bench.common import serving_target, write_result
 from core import corpus
-from core.config import EngineConfig
 from core.kv.sparse_prefill import move_cost, shift_one
-from core.llama.context import Context, Seq
-from core.llama.model import Model
-from core.models import model_files
+from core.llama.context import Seq
 
 OUT = Path("results/bench/move_cost.json")
 CHECKPOINTS = (128, 1024, 2048, 4096, 8192, 12288, 16384, 24576)
@@ -64,11 +61,8 @@ def move_s(seq: Seq, cells: int) -> float:
 def main() -> None:
     max_cells = int(sys.argv[1]) if len(sys.argv) > 1 else 8192
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    cfg = model_files.with_default_models(EngineConfig())
-    model = Model(cfg.target)
-    ctx = Context(model, n_ctx=32768, n_batch=512, n_ubatch=512, n_threads=cfg.n_threads, flash_attn=True,
-                  n_seq=4, unified=False)
-    try:
+    with serving_target(32768) as (cfg, ctx):
+        model = ctx.model
         text = "".join(corpus.read(f"stdlib:{m}.py") for m in ("difflib", "argparse", "typing", "inspect"))
         tokens = model.tokenize(text, add_special=False)[:max_cells]
         seq, filled = ctx.seq(0), 0
@@ -79,7 +73,8 @@ def main() -> None:
             fill_s, filled = time.perf_counter() - t0, cells
             best = min(move_s(seq, cells) for _ in range(repeats))
             shift = min(shift_cost(seq, cells, tokens[0]) for _ in range(repeats))
-            runs = {n: min(run_s(seq, cells, tokens, n) for _ in range(repeats)) for n in RUN_TOKENS}
+            runs = {n: min(run_s(seq, cells, tokens, n) for _ in range(repeats))
+                    for n in RUN_TOKENS if n <= len(tokens)}
             rows.append({"cells": cells, "move_s": round(best, 4), "move_us_per_cell": round(best / cells * 1e6, 2),
                          "shift_s": round(shift, 4), "fill_s": round(fill_s, 1),
                          "run_s": {str(n): round(v, 3) for n, v in runs.items()},
@@ -90,9 +85,6 @@ def main() -> None:
             "layout": "4 slots, split streams, n_ctx 32768, flash attention", "repeats": repeats, "rows": rows,
             "per_cell_vs_128": {str(r["cells"]): round(r["move_us_per_cell"] / first, 2) for r in rows}},
             {"target": cfg.target})
-    finally:
-        ctx.close()
-        model.close()
 
 
 if __name__ == "__main__":

@@ -18,13 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import write_result
+from bench.common import serving_target, write_result
 from core import corpus
-from core.config import EngineConfig
 from core.kv.sparse_prefill import sparse_prefill
-from core.llama.context import Context
-from core.llama.model import Model
-from core.models import model_files
 from core.spans import runs
 from core.steps import drive
 
@@ -42,11 +38,8 @@ def kept_tokens(n: int, seed: int = 0) -> np.ndarray:
 def main() -> None:
     n_tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    cfg = model_files.with_default_models(EngineConfig())
-    model = Model(cfg.target)
-    ctx = Context(model, n_ctx=8192, n_batch=512, n_ubatch=512, n_threads=cfg.n_threads, flash_attn=True,
-                  n_seq=4, unified=False)
-    try:
+    with serving_target(8192) as (cfg, ctx):
+        model = ctx.model
         tokens = model.tokenize(corpus.read("stdlib:difflib.py"), add_special=False)[:n_tokens]
         kept = kept_tokens(len(tokens))
         seq, logits = ctx.seq(1), {}
@@ -68,9 +61,6 @@ def main() -> None:
             "rows": rows, "best_s": best, "kept_per_second": {b: round(kept.size / s, 1) for b, s in best.items()},
             "speedup": round(best["k-shift"] / best["move"], 2), "max_logit_difference": round(diff, 3),
             "same_argmax": bool(logits[True].argmax() == logits[False].argmax())}, {"target": cfg.target})
-    finally:
-        ctx.close()
-        model.close()
 
 
 if __name__ == "__main__":
