@@ -42,7 +42,7 @@ from core.kv.positions import (
 from core.kv.recall import Recall
 from core.kv.scoring_window import ScoringWindow
 from core.kv.slot_cells import SlotCells
-from core.kv.sparse_prefill import Moves, sparse_prefill
+from core.kv.sparse_prefill import measured_prefill
 from core.kv.window_fit import apply_fit
 from core.llama import seq_cells
 from core.llama.capture import make_capture
@@ -454,16 +454,10 @@ class Engine:
         seq, kv, mode = self.target_ctx.seq(slot), kv_all.target, params.prefill.position_mode
         # original mode keeps logical positions (bridging any gap); compact packs after the cache
         base = kv.end_pos if mode == "original" else kv.next_pos
-        cells, cost, moves = kv.n_cached, self.costs.target, Moves()
-        relabel = seq.ctx.movable_labels and cost.relabels(cells + kept.size // 2)
-        t0 = time.perf_counter()
-        n_past, idx = yield from sparse_prefill(seq, delta, kept, mode, base, relabel, moves)
-        t.prompt_ms = (time.perf_counter() - t0) * 1e3
-        t.bridge_moves, t.bridge_ms = moves.count, moves.seconds * 1e3
-        cost.observe_moves(moves.count, cells + kept.size // 2, moves.seconds)
-        shifts = 0 if mode == "compact" or relabel else len(runs(kept)) - 1  # K-shifts run inside the next decode
         calls = self._calls(kept.size) if mode == "compact" else sum(self._calls(b - a) for a, b in runs(kept))
-        cost.observe(int(kept.size), cells, calls, t.prompt_ms / 1e3 - moves.seconds - shifts * cost.shift_s)
+        n_past, idx, moves, seconds = yield from measured_prefill(seq, delta, kept, mode, base, self.costs.target,
+                                                                  kv.n_cached, calls)
+        t.prompt_ms, t.bridge_moves, t.bridge_ms = seconds * 1e3, moves.count, moves.seconds * 1e3
         kv.extend_kept(delta, kept, base, compact=mode == "compact")
         if params.decoding.mode is DecodeMode.PLAIN:
             gen = yield from generate(seq, n_past, params.sampling, on_text, idx)

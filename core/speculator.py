@@ -19,7 +19,7 @@ from core.kv.positions import (
     plan_speculator_sync,
 )
 from core.kv.scoring_window import ScoringWindow
-from core.kv.sparse_prefill import Moves, sparse_prefill
+from core.kv.sparse_prefill import measured_prefill
 from core.llama.capture import AttentionCapture
 from core.llama.context import Context, Seq
 from core.results import Timings
@@ -112,15 +112,9 @@ class Speculator:
         cells) at their logical positions (``packed``: at 0..K-1, as a packed target holds
         them), so later tokens attend to what the target kept."""
         cells.reset(seq, kv)
-        t0 = time.perf_counter()
-        cost, moves = self.costs.speculator, Moves()
-        mode = "compact" if packed else "original"
-        relabel = seq.ctx.movable_labels and cost.relabels(held.size // 2)
-        yield from sparse_prefill(seq, history, held, mode, 0, relabel, moves)
         n_runs = 1 if packed else len(runs(held))
-        cost.observe_moves(moves.count, held.size // 2, moves.seconds)
-        shifts = 0 if packed or relabel else n_runs - 1
-        cost.observe(int(held.size), 0, n_runs, time.perf_counter() - t0 - moves.seconds - shifts * cost.shift_s)
+        yield from measured_prefill(seq, history, held, "compact" if packed else "original", 0,
+                                    self.costs.speculator, 0, n_runs)
         kv.extend_kept(history, held, 0, compact=packed)
         t.speculator_prefill_n += int(held.size)
         t.speculator_mirrored_n = int(held.size)

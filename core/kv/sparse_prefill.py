@@ -26,6 +26,7 @@ import numpy as np
 from core.errors import EngineError
 from core.llama.context import Seq
 from core.spans import runs
+from core.specprefill.cost_model import PrefillCost
 from core.steps import Tokens, TurnSteps
 
 
@@ -42,6 +43,22 @@ class Moves:
         seq.move_labels(moves)
         self.seconds += time.perf_counter() - t0
         self.count += 1
+
+
+def measured_prefill(seq: Seq, tokens: Sequence[int], kept: np.ndarray, mode: str, base_pos: int,
+                     cost: PrefillCost, cached: int, calls: int) -> TurnSteps[tuple[int, int, Moves, float]]:
+    """:func:`sparse_prefill` after ``cached`` cells, bridged the way ``cost`` says is cheaper,
+    in ``calls`` llama_decode calls, and the cost told what it took: the moves as timed,
+    the runs' passes less the bridges.  Returns the next position, the logits' batch index,
+    the moves and the seconds in all."""
+    relabel = seq.ctx.movable_labels and cost.relabels(cached + kept.size // 2)
+    moves, t0 = Moves(), time.perf_counter()
+    n_past, idx = yield from sparse_prefill(seq, tokens, kept, mode, base_pos, relabel, moves)
+    seconds = time.perf_counter() - t0
+    cost.observe_moves(moves.count, cached + kept.size // 2, moves.seconds)
+    shifts = 0 if mode == "compact" or relabel else len(runs(kept)) - 1  # K-shifts run inside the next decode
+    cost.observe(int(kept.size), cached, calls, seconds - moves.seconds - shifts * cost.shift_s)
+    return n_past, idx, moves, seconds
 
 
 def sparse_prefill(seq: Seq, tokens: Sequence[int], kept: np.ndarray, mode: str,
