@@ -91,6 +91,9 @@ class Selection:
     code_blocks: bool = per_request(False)
     code_skeleton: bool = per_request(True)  # source code: top-level and def lines kept whatever their scores
     named_lines: bool = per_request(True)  # lines naming what the request names, and named defs' blocks
+    # source code with a named block: of the file, only the skeleton and the named lines and blocks stay
+    # (the scored bodies elsewhere are what the target copied instead: results/depth.md, "What surrounds")
+    named_focus: bool = per_request(False)
     max_line_tokens: int = per_request(96, 0, 65536)  # longer lines (one-line JSON, prose) are not widened
     # earlier turns' dropped tokens on lines the request names, prefilled back before this turn's
     # (core.kv.recall): a follow-up asks for code an earlier turn's selection left out

@@ -61,6 +61,7 @@ POLICIES = {  # the arms a run may name: the dense reference and SpecPrefill set
     "skeleton": _selection(whole_lines=True, code_blocks=True, code_skeleton=True),
     "named": _selection(whole_lines=True, named_lines=True),
     "copy": _selection(whole_lines=True, code_skeleton=True, named_lines=True),  # the default before recall
+    "focus": PrefillPolicy(selection=Selection(named_focus=True)),  # the default, a named def's file narrowed
 }
 ARMS = ("dense", "default")
 AGREE_TOKENS = 32

@@ -141,6 +141,20 @@ def named_with_blocks(lines: Lines, max_block_lines: int = 80, max_line_tokens: 
     return (lines.named | _blocks(lines.named, lines, max_block_lines)) & lines.short(max_line_tokens)
 
 
+def focus(kept: np.ndarray, forced: np.ndarray, lines: Lines, max_line_tokens: int = 0,
+          max_block_lines: int = 80) -> np.ndarray:
+    """``kept`` narrowed, where a named line opens a block (the request names a function the file
+    defines), to the ``forced`` tokens, the skeleton and the named lines and blocks.  Asked to copy
+    a named function, the 1.5B copied a body the scores kept after it instead, with the named
+    block whole in its context; without those bodies it copied the named one (ops/copy_probe.py,
+    results/depth.md).  Elsewhere ``kept`` is returned as it is."""
+    if not (lines.named & lines.opens).any():
+        return kept
+    short = lines.short(max_line_tokens)
+    lines_kept = named_with_blocks(lines, max_block_lines, max_line_tokens) | (lines.skeleton & short)
+    return forced | lines_kept[lines.of_token]
+
+
 def recall(dropped: np.ndarray, lines: Lines, max_tokens: int, max_block_lines: int = 80,
            max_line_tokens: int = 0) -> np.ndarray:
     """The tokens of earlier turns to prefill again into the target's cache: on each stretch

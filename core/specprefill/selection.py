@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from core.policies import Selection
-from core.specprefill.lines import Lines, widen
+from core.specprefill.lines import Lines, focus, widen
 
 
 def chunk_means(scores: np.ndarray, chunk: int) -> np.ndarray:
@@ -105,6 +105,8 @@ def select_tokens(scores: np.ndarray, params: Selection, protected: Iterable[tup
     if lines is not None:
         chosen = widen(chosen, lines, params.whole_lines, params.code_blocks, skeleton=code and params.code_skeleton,
                        named=params.named_lines, max_line_tokens=params.max_line_tokens)
+        if code and params.named_lines and params.named_focus:
+            chosen = focus(chosen, forced, lines, params.max_line_tokens)
     return np.flatnonzero(chosen)
 
 

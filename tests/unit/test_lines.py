@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.specprefill.lines import lines_of, names_in, recall, widen
+from core.specprefill.lines import focus, lines_of, names_in, recall, widen
 
 SOURCE = ["x = 1\n", "def foo(a):\n", "    b = a\n", "\n", "    return b\n", "y = 2\n", "class K:\n",
           "    def m(self):\n", "        pass\n", "z = 3\n"]
@@ -168,3 +168,20 @@ def test_a_quoted_path_names_its_code_shaped_parts_and_a_named_json_key_keeps_it
     text = kept_text(p, widen(mask, lines_of(p, frozenset({b"cursor_signal"})), whole_lines=True, blocks=False,
                               named=True))
     assert '"ledger_max": 25589' in text and '"plume_mode": "cold"' in text and "socket_ms" not in text
+
+
+def test_focus_keeps_of_a_file_naming_a_def_only_the_skeleton_and_the_named_block():
+    """The scores kept another def's body (``class K``'s method); a request naming ``foo``
+    keeps foo whole, the def and class lines and the constants, and drops that body."""
+    p = pieces("".join(f"{i:>6}\t{x}" for i, x in enumerate(SOURCE, 1)))
+    mask = np.zeros(len(p), dtype=bool)
+    mask[at(p, b"pass")] = True
+    forced = np.zeros(len(p), dtype=bool)
+    forced[-1] = True
+    named = lines_of(p, frozenset({b"foo"}))
+    text = kept_text(p, focus(widen(mask, named, whole_lines=True, blocks=False, named=True), forced, named))
+    for line in ("def foo(a):", "b = a", "return b", "class K:", "def m(self):", "x = 1", "z = 3"):
+        assert line in text
+    assert "pass" not in text
+    unnamed = lines_of(p, frozenset({b"z"}))  # a named line that opens no block: the scores stand
+    assert np.array_equal(focus(mask, forced, unnamed), mask)

@@ -1,0 +1,146 @@
+"""Why a kept function is not copied: one eval-depth question, the same history, the selection
+changed by hand around the named block (issue 52).
+
+    .venv/bin/python ops/copy_probe.py SEED OUT_DIR [VARIANT ...]
+
+The eval's first question of its first tool result (a Read at ~13K depth, "copy function X"):
+dense first, then each variant in a slot of its own, adopting the same dense prefix.  A variant
+rewrites the default selection's kept set (core.engine's ``select_tokens``) before the target
+prefills it:
+
+- ``default``: as served;
+- ``block_only``: the guarded spans and the named lines and blocks, nothing else of the file;
+- ``no_after``: the default without what it kept after the named block (the guarded spans aside);
+- ``near``: the default with 12 lines either side of the named block;
+- ``almost_all``: every token but one comment-free token far from the block (the sparse path's
+  machinery with near-dense content).
+
+Writes OUT_DIR/probe.json (replies, correctness, kept counts) and OUT_DIR/kept_<variant>.txt
+(what the target saw of the tool result, dropped stretches as ``[... N]``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+import core.engine as engine_mod
+from core.config import EngineConfig
+from core.engine import Engine
+from core.models import model_files
+from core.policies import PrefillPolicy, SamplingParams, TurnParams
+from core.specprefill.lines import Lines, named_with_blocks
+from core.specprefill.selection import forced_mask
+from evals.agent_files import correct, tool_results
+from evals.depth import Conversation, agent_prefix, max_tokens
+
+Transform = Callable[[np.ndarray, np.ndarray, Lines], np.ndarray]  # kept mask, forced mask, lines -> kept mask
+
+
+def _block(lines: Lines) -> tuple[int, int]:
+    """The named def's line range (the first named line that opens a block, to its end)."""
+    named = named_with_blocks(lines, 80, 96)
+    heads = np.flatnonzero(lines.named & lines.opens)
+    if not heads.size:
+        return 0, 0
+    end = heads[0]
+    while end < len(named) and named[end]:
+        end += 1
+    return int(heads[0]), int(end)
+
+
+def _block_only(kept: np.ndarray, forced: np.ndarray, lines: Lines) -> np.ndarray:
+    return forced | named_with_blocks(lines, 80, 96)[lines.of_token]
+
+
+def _no_after(kept: np.ndarray, forced: np.ndarray, lines: Lines) -> np.ndarray:
+    _, end = _block(lines)
+    return kept & ((lines.of_token < end) | forced)
+
+
+def _near(kept: np.ndarray, forced: np.ndarray, lines: Lines) -> np.ndarray:
+    a, b = _block(lines)
+    return kept | ((lines.of_token >= a - 12) & (lines.of_token < b + 12))
+
+
+def _almost_all(kept: np.ndarray, forced: np.ndarray, lines: Lines) -> np.ndarray:
+    out = np.ones_like(kept)
+    a, _ = _block(lines)
+    far = np.flatnonzero(~forced & (lines.of_token > a + 60))
+    out[far[len(far) // 2]] = False
+    return out
+
+
+VARIANTS: dict[str, Transform | None] = {"default": None, "block_only": _block_only, "no_after": _no_after,
+                                          "near": _near, "almost_all": _almost_all}
+STATE: dict[str, Any] = {"transform": None}
+_select = engine_mod.select_tokens
+
+
+def _patched(scores: np.ndarray, sel: Any, protected: Any = (), lines: Lines | None = None,
+             code: bool = False) -> np.ndarray:
+    idx = _select(scores, sel, protected, lines, code)
+    fn = STATE["transform"]
+    if fn is None or lines is None:
+        return idx
+    kept = np.zeros(scores.size, dtype=bool)
+    kept[idx] = True
+    forced = forced_mask(scores.size, sel.keep_first, sel.keep_last, protected)
+    return np.flatnonzero(fn(kept, forced, lines))
+
+
+def kept_text(engine: Engine, tokens: tuple[int, ...], held: np.ndarray, start: int) -> str:
+    mask = np.zeros(len(tokens), dtype=bool)
+    mask[held] = True
+    out, gap = [], 0
+    for i in range(start, len(tokens)):
+        if mask[i]:
+            if gap:
+                out.append(f"[... {gap}]")
+                gap = 0
+            out.append(engine.target.token_bytes(tokens[i]).decode("utf-8", "replace"))
+        else:
+            gap += 1
+    return "".join(out)
+
+
+def main() -> None:
+    seed, out = int(sys.argv[1]), Path(sys.argv[2])
+    names = sys.argv[3:] or list(VARIANTS)
+    out.mkdir(parents=True, exist_ok=True)
+    engine_mod.select_tokens = _patched
+    arms = ("dense", *names)
+    config = model_files.with_default_models(EngineConfig(slots=len(arms), n_ctx=18432))
+    engine = Engine(config)
+    try:
+        system, tools = agent_prefix()
+        conv = Conversation(engine, system, tools, ("dense", *names))
+        result = tool_results(seed, 1)[0]
+        q = result.questions[0]
+        prompt = engine.chat.render_chat(conv.messages(q, result), tools)
+        start = conv.share_prefix(prompt)
+        sampling = SamplingParams(max_tokens=max_tokens(q, engine), temperature=0.0)
+        rows: dict[str, Any] = {"seed": seed, "ask": q.ask, "answer": q.answer, "depth": len(prompt)}
+        for arm in arms:
+            STATE["transform"] = VARIANTS.get(arm)
+            policy = PrefillPolicy(enabled=False) if arm == "dense" else PrefillPolicy()
+            res = engine.run(prompt, TurnParams(prefill=policy, sampling=sampling), kv=conv.kv[arm],
+                             slot=conv.slot[arm])
+            held = np.flatnonzero(np.asarray(conv.kv[arm].target.kv_pos[: len(prompt)]) >= 0)
+            t = res.timings
+            rows[arm] = {"correct": correct(q, res.text), "kept_pct": round(t.kept_pct, 1), "prompt_n": t.prompt_n,
+                         "runs": t.kept_runs, "ttft_s": round(t.ttft_ms / 1e3, 1), "reply": res.text}
+            (out / f"kept_{arm}.txt").write_text(kept_text(engine, prompt.tokens, held, start))
+            print(arm, orjson.dumps(rows[arm]).decode()[:300], flush=True)
+        (out / "probe.json").write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
