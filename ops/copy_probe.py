@@ -30,6 +30,7 @@ import numpy as np
 import orjson
 
 import core.engine as engine_mod
+from bench.common import write_result
 from core.config import EngineConfig
 from core.engine import Engine
 from core.models import model_files
@@ -137,7 +138,7 @@ def main() -> None:
                          "runs": t.kept_runs, "ttft_s": round(t.ttft_ms / 1e3, 1), "reply": res.text}
             (out / f"kept_{arm}.txt").write_text(kept_text(engine, prompt.tokens, held, start))
             print(arm, orjson.dumps(rows[arm]).decode()[:300], flush=True)
-        (out / "probe.json").write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
+        write_result(out / "probe.json", "copy_probe", rows, {"target": config.target, "speculator": config.speculator})
     finally:
         engine.close()
 
