@@ -1,11 +1,11 @@
 """Why a kept function is not copied: one eval-depth question, the same history, the selection
 changed by hand around the named block (issue 52).
 
-    .venv/bin/python ops/copy_probe.py SEED OUT_DIR [VARIANT ...]
+    .venv/bin/python ops/copy_probe.py SEED OUT_DIR [dense] [VARIANT ...]
 
 The eval's first question of its first tool result (a Read at ~13K depth, "copy function X"):
-dense first, then each variant in a slot of its own, adopting the same dense prefix.  A variant
-rewrites the default selection's kept set (core.engine's ``select_tokens``) before the target
+dense first (when named, or with no variant named), then each variant in a slot of its own,
+adopting the same dense prefix.  A variant rewrites the default selection's kept set (core.engine's ``select_tokens``) before the target
 prefills it:
 
 - ``default``: as served;
@@ -112,7 +112,8 @@ def kept_text(engine: Engine, tokens: tuple[int, ...], held: np.ndarray, start: 
 
 def main() -> None:
     seed, out = int(sys.argv[1]), Path(sys.argv[2])
-    names = sys.argv[3:] or list(VARIANTS)
+    names = [n for n in sys.argv[3:] or ["dense", *VARIANTS] if n != "dense"]
+    run_dense = not sys.argv[3:] or "dense" in sys.argv[3:]  # the dense slot holds the shared prefix either way
     out.mkdir(parents=True, exist_ok=True)
     engine_mod.select_tokens = _patched
     arms = ("dense", *names)
@@ -127,7 +128,7 @@ def main() -> None:
         start = conv.share_prefix(prompt)
         sampling = SamplingParams(max_tokens=max_tokens(q, engine), temperature=0.0)
         rows: dict[str, Any] = {"seed": seed, "ask": q.ask, "answer": q.answer, "depth": len(prompt)}
-        for arm in arms:
+        for arm in arms if run_dense else arms[1:]:
             STATE["transform"] = VARIANTS.get(arm)
             policy = PrefillPolicy(enabled=False) if arm == "dense" else PrefillPolicy()
             res = engine.run(prompt, TurnParams(prefill=policy, sampling=sampling), kv=conv.kv[arm],
