@@ -5,8 +5,8 @@ changed by hand around the named block (issue 52).
 
 The eval's first question of its first tool result (a Read at ~13K depth, "copy function X"):
 dense first (when named, or with no variant named), then each variant in a slot of its own,
-adopting the same dense prefix.  A variant rewrites the default selection's kept set (core.engine's ``select_tokens``) before the target
-prefills it:
+adopting the same dense prefix.  A variant rewrites the default selection's kept set
+(core.engine's ``select_tokens``) before the target prefills it:
 
 - ``default``: as served;
 - ``block_only``: the guarded spans and the named lines and blocks, nothing else of the file;
