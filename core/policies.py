@@ -92,7 +92,7 @@ class Selection:
     code_skeleton: bool = per_request(True)  # source code: top-level and def lines kept whatever their scores
     named_lines: bool = per_request(True)  # lines naming what the request names, and named defs' blocks
     # source code with a named block: of the file, only the skeleton and the named lines and blocks stay
-    # (the scored bodies elsewhere are what the target copied instead: results/depth.md, "What surrounds")
+    # (off: measured no gain on a fresh seed, results/depth.md "What surrounds a named block")
     named_focus: bool = per_request(False)
     max_line_tokens: int = per_request(96, 0, 65536)  # longer lines (one-line JSON, prose) are not widened
     # earlier turns' dropped tokens on lines the request names, prefilled back before this turn's

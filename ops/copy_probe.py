@@ -22,7 +22,7 @@ Writes OUT_DIR/probe.json (replies, correctness, kept counts) and OUT_DIR/kept_<
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,8 @@ from bench.common import write_result
 from core.config import EngineConfig
 from core.engine import Engine
 from core.models import model_files
-from core.policies import PrefillPolicy, SamplingParams, TurnParams
+from core.policies import PrefillPolicy, SamplingParams, Selection, TurnParams
+from core.spans import runs
 from core.specprefill.lines import Lines, named_with_blocks
 from core.specprefill.selection import forced_mask
 from evals.agent_files import correct, tool_results
@@ -44,15 +45,12 @@ Transform = Callable[[np.ndarray, np.ndarray, Lines], np.ndarray]  # kept mask, 
 
 
 def _block(lines: Lines) -> tuple[int, int]:
-    """The named def's line range (the first named line that opens a block, to its end)."""
-    named = named_with_blocks(lines, 80, 96)
+    """The named def's line range: the stretch of named lines and blocks from the first named
+    line that opens a block."""
     heads = np.flatnonzero(lines.named & lines.opens)
     if not heads.size:
         return 0, 0
-    end = heads[0]
-    while end < len(named) and named[end]:
-        end += 1
-    return int(heads[0]), int(end)
+    return next((a, b) for a, b in runs(np.flatnonzero(named_with_blocks(lines, 80, 96))) if a <= heads[0] < b)
 
 
 def _block_only(kept: np.ndarray, forced: np.ndarray, lines: Lines) -> np.ndarray:
@@ -83,8 +81,8 @@ STATE: dict[str, Any] = {"transform": None}
 _select = engine_mod.select_tokens
 
 
-def _patched(scores: np.ndarray, sel: Any, protected: Any = (), lines: Lines | None = None,
-             code: bool = False) -> np.ndarray:
+def _patched(scores: np.ndarray, sel: Selection, protected: Iterable[tuple[int, int]] = (),
+             lines: Lines | None = None, code: bool = False) -> np.ndarray:
     idx = _select(scores, sel, protected, lines, code)
     fn = STATE["transform"]
     if fn is None or lines is None:

@@ -146,8 +146,9 @@ def focus(kept: np.ndarray, forced: np.ndarray, lines: Lines, max_line_tokens: i
     """``kept`` narrowed, where a named line opens a block (the request names a function the file
     defines), to the ``forced`` tokens, the skeleton and the named lines and blocks.  Asked to copy
     a named function, the 1.5B copied a body the scores kept after it instead, with the named
-    block whole in its context; without those bodies it copied the named one (ops/copy_probe.py,
-    results/depth.md).  Elsewhere ``kept`` is returned as it is."""
+    block whole in its context (ops/copy_probe.py).  Off by default: on a fresh seed the stray
+    header came from the skeleton itself, and this gained nothing (results/depth.md, "What
+    surrounds a named block").  Elsewhere ``kept`` is returned as it is."""
     if not (lines.named & lines.opens).any():
         return kept
     short = lines.short(max_line_tokens)
