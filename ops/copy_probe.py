@@ -81,15 +81,15 @@ STATE: dict[str, Any] = {"transform": None}
 _select = engine_mod.select_tokens
 
 
-def _patched(scores: np.ndarray, sel: Selection, protected: Iterable[tuple[int, int]] = (),
+def _patched(scores: np.ndarray, params: Selection, protected: Iterable[tuple[int, int]] = (),
              lines: Lines | None = None, code: bool = False) -> np.ndarray:
-    idx = _select(scores, sel, protected, lines, code)
+    idx = _select(scores, params, protected, lines, code)
     fn = STATE["transform"]
     if fn is None or lines is None:
         return idx
     kept = np.zeros(scores.size, dtype=bool)
     kept[idx] = True
-    forced = forced_mask(scores.size, sel.keep_first, sel.keep_last, protected)
+    forced = forced_mask(scores.size, params.keep_first, params.keep_last, protected)
     return np.flatnonzero(fn(kept, forced, lines))
 
 
