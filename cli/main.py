@@ -32,7 +32,7 @@ HELP = {
     "named_lines": "keep every line that holds a name the request names (its last user message and the tool "
                    "calls after it: snake_case, CONSTANTS, camelCase, `quoted`), and the block a named def opens",
     "named_focus": "in source code where the request names a def or class the file opens, keep of the file only "
-                   "its skeleton and the named lines and blocks: other scored bodies are dropped",
+                   "the named lines and blocks (later questions name what they need, and recall brings it back)",
     "max_line_tokens": "the line options widen or add only lines of at most this many tokens (one-line JSON and "
                        "unwrapped prose stay as scored; 0 = no bound)",
     "max_recall_tokens": "with named_lines, an earlier turn's tokens a sparse prefill dropped, on lines this "

@@ -144,16 +144,16 @@ def named_with_blocks(lines: Lines, max_block_lines: int = 80, max_line_tokens: 
 def focus(kept: np.ndarray, forced: np.ndarray, lines: Lines, max_line_tokens: int = 0,
           max_block_lines: int = 80) -> np.ndarray:
     """``kept`` narrowed, where a named line opens a block (the request names a function the file
-    defines), to the ``forced`` tokens, the skeleton and the named lines and blocks.  Asked to copy
-    a named function, the 1.5B copied a body the scores kept after it instead, with the named
-    block whole in its context (ops/copy_probe.py).  Off by default: on a fresh seed the stray
-    header came from the skeleton itself, and this gained nothing (results/depth.md, "What
-    surrounds a named block").  Elsewhere ``kept`` is returned as it is."""
+    defines), to the ``forced`` tokens and the named lines and blocks: nothing else of the file.
+    Asked to copy a named function with the named block whole in its context, the 1.5B wrote
+    another def or class line over its body when other code of the file stayed -- kept after
+    the block by the scores, or before it by the skeleton -- and copied it when nothing else
+    did (ops/copy_probe.py, two seeds; results/depth.md, "What surrounds a named block").  A
+    later question about the rest of the file names what it needs, and recall brings it back.
+    Elsewhere ``kept`` is returned as it is."""
     if not (lines.named & lines.opens).any():
         return kept
-    short = lines.short(max_line_tokens)
-    lines_kept = named_with_blocks(lines, max_block_lines, max_line_tokens) | (lines.skeleton & short)
-    return forced | lines_kept[lines.of_token]
+    return forced | named_with_blocks(lines, max_block_lines, max_line_tokens)[lines.of_token]
 
 
 def recall(dropped: np.ndarray, lines: Lines, max_tokens: int, max_block_lines: int = 80,

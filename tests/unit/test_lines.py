@@ -170,9 +170,10 @@ def test_a_quoted_path_names_its_code_shaped_parts_and_a_named_json_key_keeps_it
     assert '"ledger_max": 25589' in text and '"plume_mode": "cold"' in text and "socket_ms" not in text
 
 
-def test_focus_keeps_of_a_file_naming_a_def_only_the_skeleton_and_the_named_block():
+def test_focus_keeps_of_a_file_naming_a_def_only_the_named_block():
     """The scores kept another def's body (``class K``'s method); a request naming ``foo``
-    keeps foo whole, the def and class lines and the constants, and drops that body."""
+    keeps foo whole and the forced tokens, and drops that body, the other def and class lines
+    and the constants."""
     p = pieces("".join(f"{i:>6}\t{x}" for i, x in enumerate(SOURCE, 1)))
     mask = np.zeros(len(p), dtype=bool)
     mask[at(p, b"pass")] = True
@@ -180,8 +181,10 @@ def test_focus_keeps_of_a_file_naming_a_def_only_the_skeleton_and_the_named_bloc
     forced[-1] = True
     named = lines_of(p, frozenset({b"foo"}))
     text = kept_text(p, focus(widen(mask, named, whole_lines=True, blocks=False, named=True), forced, named))
-    for line in ("def foo(a):", "b = a", "return b", "class K:", "def m(self):", "x = 1", "z = 3"):
+    for line in ("def foo(a):", "b = a", "return b"):
         assert line in text
-    assert "pass" not in text
+    for line in ("pass", "class K:", "def m(self):", "x = 1", "y = 2"):
+        assert line not in text
+    assert text.endswith(kept_text(p, forced))
     unnamed = lines_of(p, frozenset({b"z"}))  # a named line that opens no block: the scores stand
     assert np.array_equal(focus(mask, forced, unnamed), mask)
