@@ -103,6 +103,30 @@ def reply_nll(engine: Engine, kv: SessionKV, slot: int, n_prompt: int, reply: li
     return total / (len(toks) - 1)
 
 
+def seen(engine: Engine, prompt: Prompt, kv: SessionKV) -> str:
+    """What the target holds of the prompt's last tool result: its text, with each stretch
+    a sparse prefill dropped written ``[... N]`` (N tokens)."""
+    span = next((s for s in reversed(prompt.spans) if s.role == "tool"), None)
+    if span is None:
+        return ""
+    held = np.asarray(kv.target.kv_pos[span.start:span.end]) >= 0
+    return gapped_text(engine, prompt.tokens[span.start:span.end], held)
+
+
+def gapped_text(engine: Engine, tokens: tuple[int, ...], held: np.ndarray) -> str:
+    """``tokens`` as text, each stretch not ``held`` written ``[... N]``."""
+    out, gap = [], 0
+    for tok, kept in zip(tokens, held, strict=True):
+        if kept:
+            if gap:
+                out.append(f"[... {gap}]")
+                gap = 0
+            out.append(engine.target.token_bytes(tok).decode("utf-8", "replace"))
+        else:
+            gap += 1
+    return "".join(out) + (f"[... {gap}]" if gap else "")
+
+
 class Conversation:
     """Both arms' KV and the shared history; one question at a time."""
 
@@ -141,6 +165,8 @@ class Conversation:
                         "specprefill": t.specprefill, "kept_pct": round(t.kept_pct, 1), "prompt_n": t.prompt_n,
                         "cache_n": t.cache_n, "recalled_n": t.recalled_n, "recall_s": round(t.recall_ms / 1e3, 2),
                         "reply": res.text[:400]}
+            if arm != "dense" and (result is not None or t.recalled_n):
+                out[arm]["seen"] = seen(self.engine, prompt, self.kv[arm])
         dense = replies["dense"]
         nll_dense = reply_nll(self.engine, self.kv["dense"], self.slot["dense"], len(prompt), dense)
         for arm in self.arms[1:]:

@@ -39,7 +39,7 @@ from core.spans import runs
 from core.specprefill.lines import Lines, named_with_blocks
 from core.specprefill.selection import forced_mask
 from evals.agent_files import correct, tool_results
-from evals.depth import Conversation, agent_prefix, max_tokens
+from evals.depth import Conversation, agent_prefix, gapped_text, max_tokens
 
 Transform = Callable[[np.ndarray, np.ndarray, Lines], np.ndarray]  # kept mask, forced mask, lines -> kept mask
 
@@ -93,21 +93,6 @@ def _patched(scores: np.ndarray, params: Selection, protected: Iterable[tuple[in
     return np.flatnonzero(fn(kept, forced, lines))
 
 
-def kept_text(engine: Engine, tokens: tuple[int, ...], held: np.ndarray, start: int) -> str:
-    mask = np.zeros(len(tokens), dtype=bool)
-    mask[held] = True
-    out, gap = [], 0
-    for i in range(start, len(tokens)):
-        if mask[i]:
-            if gap:
-                out.append(f"[... {gap}]")
-                gap = 0
-            out.append(engine.target.token_bytes(tokens[i]).decode("utf-8", "replace"))
-        else:
-            gap += 1
-    return "".join(out)
-
-
 def main() -> None:
     seed, out = int(sys.argv[1]), Path(sys.argv[2])
     names = [n for n in sys.argv[3:] or ["dense", *VARIANTS] if n != "dense"]
@@ -131,11 +116,11 @@ def main() -> None:
             policy = PrefillPolicy(enabled=False) if arm == "dense" else PrefillPolicy()
             res = engine.run(prompt, TurnParams(prefill=policy, sampling=sampling), kv=conv.kv[arm],
                              slot=conv.slot[arm])
-            held = np.flatnonzero(np.asarray(conv.kv[arm].target.kv_pos[: len(prompt)]) >= 0)
+            held = np.asarray(conv.kv[arm].target.kv_pos[start:len(prompt)]) >= 0
             t = res.timings
             rows[arm] = {"correct": correct(q, res.text), "kept_pct": round(t.kept_pct, 1), "prompt_n": t.prompt_n,
                          "runs": t.kept_runs, "ttft_s": round(t.ttft_ms / 1e3, 1), "reply": res.text}
-            (out / f"kept_{arm}.txt").write_text(kept_text(engine, prompt.tokens, held, start))
+            (out / f"kept_{arm}.txt").write_text(gapped_text(engine, prompt.tokens[start:], held))
             print(arm, orjson.dumps(rows[arm]).decode()[:300], flush=True)
         write_result(out / "probe.json", "copy_probe", rows, {"target": config.target, "speculator": config.speculator})
     finally:
