@@ -1,11 +1,12 @@
 """Why a kept function is not copied: one eval-depth question, the same history, the selection
 changed by hand around the named block (issue 52).
 
-    .venv/bin/python ops/copy_probe.py SEED OUT_DIR [dense] [VARIANT ...]
+    .venv/bin/python ops/copy_probe.py SEED[,SEED...] OUT_DIR [dense] [ARM ...]
 
-The eval's first question of its first tool result (a Read at ~13K depth, "copy function X"):
-dense first (when named, or with no variant named), then each variant in a slot of its own,
-adopting the same dense prefix.  A variant rewrites the default selection's kept set
+For each seed, the eval's first question of its first tool result (a Read at ~13K depth, "copy
+function X"): dense first (when named, or with no arm named), then each arm in a slot of its
+own, adopting the same dense prefix, prefilled once for all seeds.  An arm is one of
+evals.depth's POLICIES (``default``, ``focus``, ...) or a variant.  A variant rewrites the default selection's kept set
 (core.engine's ``select_tokens``) before the target prefills it:
 
 - ``default``: as served;
@@ -15,7 +16,7 @@ adopting the same dense prefix.  A variant rewrites the default selection's kept
 - ``almost_all``: every token but one comment-free token far from the block (the sparse path's
   machinery with near-dense content).
 
-Writes OUT_DIR/probe.json (replies, correctness, kept counts) and OUT_DIR/kept_<variant>.txt
+Writes OUT_DIR/probe.json (replies, correctness, kept counts) and OUT_DIR/SEED/kept_<arm>.txt
 (what the target saw of the tool result, dropped stretches as ``[... N]``).
 """
 
@@ -33,13 +34,16 @@ import core.engine as engine_mod
 from bench.common import write_result
 from core.config import EngineConfig
 from core.engine import Engine
+from core.kv.positions import SessionKV
 from core.models import model_files
 from core.policies import PrefillPolicy, SamplingParams, Selection, TurnParams
+from core.prompt import Prompt
 from core.spans import runs
 from core.specprefill.lines import Lines, named_with_blocks
 from core.specprefill.selection import forced_mask
-from evals.agent_files import correct, tool_results
-from evals.depth import Conversation, agent_prefix, gapped_text, max_tokens
+from core.steps import drive
+from evals.agent_files import ToolResult, correct, tool_results
+from evals.depth import POLICIES, Conversation, agent_prefix, gapped_text, max_tokens
 
 Transform = Callable[[np.ndarray, np.ndarray, Lines], np.ndarray]  # kept mask, forced mask, lines -> kept mask
 
@@ -94,37 +98,54 @@ def _patched(scores: np.ndarray, params: Selection, protected: Iterable[tuple[in
 
 
 def main() -> None:
-    seed, out = int(sys.argv[1]), Path(sys.argv[2])
-    names = [n for n in sys.argv[3:] or ["dense", *VARIANTS] if n != "dense"]
-    run_dense = not sys.argv[3:] or "dense" in sys.argv[3:]  # the dense slot holds the shared prefix either way
-    out.mkdir(parents=True, exist_ok=True)
+    seeds, out = [int(x) for x in sys.argv[1].split(",")], Path(sys.argv[2])
+    asked = sys.argv[3:] or ["dense", *VARIANTS]
+    arms = ("dense", *[n for n in asked if n != "dense"]) if "dense" in asked else tuple(asked)
     engine_mod.select_tokens = _patched
-    arms = ("dense", *names)
-    config = model_files.with_default_models(EngineConfig(slots=len(arms), n_ctx=18432))
+    config = model_files.with_default_models(EngineConfig(slots=1 + len(arms), n_ctx=18432))
     engine = Engine(config)
     try:
         system, tools = agent_prefix()
-        conv = Conversation(engine, system, tools, ("dense", *names))
-        result = tool_results(seed, 1)[0]
-        q = result.questions[0]
-        prompt = engine.chat.render_chat(conv.messages(q, result), tools)
-        start = conv.share_prefix(prompt)
-        sampling = SamplingParams(max_tokens=max_tokens(q, engine), temperature=0.0)
-        rows: dict[str, Any] = {"seed": seed, "ask": q.ask, "answer": q.answer, "depth": len(prompt)}
-        for arm in arms if run_dense else arms[1:]:
-            STATE["transform"] = VARIANTS.get(arm)
-            policy = PrefillPolicy(enabled=False) if arm == "dense" else PrefillPolicy()
-            res = engine.run(prompt, TurnParams(prefill=policy, sampling=sampling), kv=conv.kv[arm],
-                             slot=conv.slot[arm])
-            held = np.asarray(conv.kv[arm].target.kv_pos[start:len(prompt)]) >= 0
-            t = res.timings
-            rows[arm] = {"correct": correct(q, res.text), "kept_pct": round(t.kept_pct, 1), "prompt_n": t.prompt_n,
-                         "runs": t.kept_runs, "ttft_s": round(t.ttft_ms / 1e3, 1), "reply": res.text}
-            (out / f"kept_{arm}.txt").write_text(gapped_text(engine, prompt.tokens[start:], held))
-            print(arm, orjson.dumps(rows[arm]).decode()[:300], flush=True)
-        write_result(out / "probe.json", "copy_probe", rows, {"target": config.target, "speculator": config.speculator})
+        ref = SessionKV()  # slot 0 holds the agent's prefix, shared by every seed
+        rows = []
+        for seed in seeds:
+            conv = Conversation(engine, system, tools, arms)
+            conv.slot = {arm: i + 1 for i, arm in enumerate(arms)}
+            result = tool_results(seed, 1)[0]
+            prompt = engine.chat.render_chat(conv.messages(result.questions[0], result), tools)
+            if not ref.target.tokens:
+                start = next(s.start for s in prompt.spans if s.role != "system")
+                drive(engine.slot_cells.prefill_prefix(prompt.tokens[:start], ref, 0))
+            for arm in arms:
+                for ctx in (engine.slot_cells.target_ctx, engine.slot_cells.speculator_ctx):
+                    ctx.seq(conv.slot[arm]).clear_cells()
+                engine.slot_cells.adopt_prefix(prompt.tokens, conv.kv[arm], conv.slot[arm], ref, 0)
+            rows.append(probe(engine, conv, result, prompt, out / str(seed), seed))
+        write_result(out / "probe.json", "copy_probe", {"seeds": seeds, "arms": arms, "rows": rows},
+                     {"target": config.target, "speculator": config.speculator})
     finally:
         engine.close()
+
+
+def probe(engine: Engine, conv: Conversation, result: ToolResult, prompt: Prompt, out: Path,
+          seed: int) -> dict[str, Any]:
+    """Each arm's reply to the tool result's first question, and what its target saw of the result."""
+    out.mkdir(parents=True, exist_ok=True)
+    q = result.questions[0]
+    start = next(s.start for s in prompt.spans if s.role != "system")
+    sampling = SamplingParams(max_tokens=max_tokens(q, engine), temperature=0.0)
+    row: dict[str, Any] = {"seed": seed, "ask": q.ask, "answer": q.answer, "depth": len(prompt)}
+    for arm in conv.arms:
+        STATE["transform"] = VARIANTS.get(arm)
+        res = engine.run(prompt, TurnParams(prefill=POLICIES.get(arm, PrefillPolicy()), sampling=sampling),
+                         kv=conv.kv[arm], slot=conv.slot[arm])
+        held = np.asarray(conv.kv[arm].target.kv_pos[start:len(prompt)]) >= 0
+        t = res.timings
+        row[arm] = {"correct": correct(q, res.text), "kept_pct": round(t.kept_pct, 1), "prompt_n": t.prompt_n,
+                    "runs": t.kept_runs, "ttft_s": round(t.ttft_ms / 1e3, 1), "reply": res.text}
+        (out / f"kept_{arm}.txt").write_text(gapped_text(engine, prompt.tokens[start:], held))
+        print(seed, arm, orjson.dumps(row[arm]).decode()[:300], flush=True)
+    return row
 
 
 if __name__ == "__main__":
