@@ -103,6 +103,14 @@ def reply_nll(engine: Engine, kv: SessionKV, slot: int, n_prompt: int, reply: li
     return total / (len(toks) - 1)
 
 
+def prefix_end(prompt: Prompt) -> int:
+    """Where the prompt's leading system messages (the agent's prompt and tools) end."""
+    n = 0
+    while n < len(prompt.spans) and prompt.spans[n].role == "system":
+        n += 1
+    return prompt.spans[n - 1].end if n else 0
+
+
 def seen(engine: Engine, prompt: Prompt, kv: SessionKV) -> str:
     """What the target holds of the prompt's last tool result: its text, with each stretch
     a sparse prefill dropped written ``[... N]`` (N tokens)."""
@@ -182,10 +190,7 @@ class Conversation:
         """Prefill the system prompt and tools once, densely in both models, in the dense arm's
         slot, and copy it into every other arm's (a sibling conversation's start): the arms
         then differ only in what follows.  Returns the prefix's tokens."""
-        n = 0
-        while n < len(prompt.spans) and prompt.spans[n].role == "system":
-            n += 1
-        end = prompt.spans[n - 1].end if n else 0
+        end = prefix_end(prompt)
         ref, slot = self.kv["dense"], self.slot["dense"]
         drive(self.engine.slot_cells.prefill_prefix(prompt.tokens[:end], ref, slot))
         for arm in self.arms[1:]:

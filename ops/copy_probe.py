@@ -43,7 +43,7 @@ from core.specprefill.lines import Lines, named_with_blocks
 from core.specprefill.selection import forced_mask
 from core.steps import drive
 from evals.agent_files import ToolResult, correct, tool_results
-from evals.depth import POLICIES, Conversation, agent_prefix, gapped_text, max_tokens
+from evals.depth import POLICIES, Conversation, agent_prefix, gapped_text, max_tokens, prefix_end
 
 Transform = Callable[[np.ndarray, np.ndarray, Lines], np.ndarray]  # kept mask, forced mask, lines -> kept mask
 
@@ -114,8 +114,7 @@ def main() -> None:
             result = tool_results(seed, 1)[0]
             prompt = engine.chat.render_chat(conv.messages(result.questions[0], result), tools)
             if not ref.target.tokens:
-                start = next(s.start for s in prompt.spans if s.role != "system")
-                drive(engine.slot_cells.prefill_prefix(prompt.tokens[:start], ref, 0))
+                drive(engine.slot_cells.prefill_prefix(prompt.tokens[:prefix_end(prompt)], ref, 0))
             for arm in arms:
                 for ctx in (engine.slot_cells.target_ctx, engine.slot_cells.speculator_ctx):
                     ctx.seq(conv.slot[arm]).clear_cells()
@@ -132,7 +131,7 @@ def probe(engine: Engine, conv: Conversation, result: ToolResult, prompt: Prompt
     """Each arm's reply to the tool result's first question, and what its target saw of the result."""
     out.mkdir(parents=True, exist_ok=True)
     q = result.questions[0]
-    start = next(s.start for s in prompt.spans if s.role != "system")
+    start = prefix_end(prompt)
     sampling = SamplingParams(max_tokens=max_tokens(q, engine), temperature=0.0)
     row: dict[str, Any] = {"seed": seed, "ask": q.ask, "answer": q.answer, "depth": len(prompt)}
     for arm in conv.arms:
